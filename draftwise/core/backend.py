@@ -1,0 +1,69 @@
+"""The contract between the hardware-agnostic core and a model backend.
+
+A backend owns the model weights and one KV cache. The core drives it with four calls per
+generation: ``reset``/``trim`` and ``prefill`` once, then ``verify`` + ``commit`` per step.
+
+Conventions (see ``draftwise.core.tree``):
+
+- The cache holds the first ``cache_len`` tokens of the sequence. The *root* is the next
+  token, not yet cached.
+- ``verify(root, tree)`` runs ONE forward pass over the ``N + 1`` rows
+  ``[root, tree nodes]`` at positions ``cache_len + tree.verify_positions()`` with
+  ``tree.verify_mask()`` (plus full visibility of the cache) and returns, per row, the
+  target model's prediction of the next token. It writes the rows' keys/values after
+  the cache but does not grow ``cache_len``.
+- ``commit(keep)`` keeps the rows ``keep`` (indices into the ``N + 1`` rows, row 0 first,
+  each the parent of the next) in the cache, compacted into place, and grows
+  ``cache_len`` by ``len(keep)``. Everything else written by ``verify`` is dropped.
+
+Example, plain decoding of one token (an empty tree)::
+
+    backend.reset(); backend.prefill(prompt[:-1])
+    out = backend.verify(prompt[-1], DraftTree.empty(), need_logits=False)
+    backend.commit(np.array([0]))          # the root is now cached
+    next_token = int(out.argmax[0])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from draftwise.core.tree import DraftTree
+
+
+@dataclass
+class Verified:
+    """What one verification pass returns to the core (already on the host)."""
+
+    argmax: np.ndarray  # (N+1,) int64: the target's greedy next token for each row
+    logits: np.ndarray | None = None  # (N+1, V) float32 raw logits, when asked for
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the decoding loop needs from a model backend."""
+
+    name: str  # e.g. "torch-cpu-float32"
+    vocab_size: int
+    context_limit: int  # maximum sequence length (positions) the model supports
+
+    @property
+    def cache_len(self) -> int: ...
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+
+    def trim(self, n: int) -> None:
+        """Keep only the first ``n`` cached tokens (``n <= cache_len``)."""
+
+    def prefill(self, tokens: np.ndarray) -> None:
+        """Append ``tokens`` (T,) to the cache, computing their keys and values."""
+
+    def verify(self, root: int, tree: DraftTree, need_logits: bool) -> Verified:
+        """One forward over ``[root, tree nodes]``; see the module docstring."""
+
+    def commit(self, keep: np.ndarray) -> None:
+        """Keep rows ``keep`` of the last ``verify`` in the cache; see the module docstring."""

@@ -1,0 +1,164 @@
+"""The decoding loop: draft, verify in one forward, accept, commit, repeat.
+
+``Decoder`` owns one backend and remembers which tokens its KV cache holds, so a chat's
+next turn only prefills what is new. ``Decoder.steps`` is a generator of ``Step``
+objects (the tokens emitted by each verification pass); apps build text on top.
+
+Invariant, kept even when the caller stops early or an exception flies: after the
+generator finishes, the cache holds exactly ``sequence[:-1]`` of the tokens the caller
+was given (the last one is the uncached root), so the next call can reuse it.
+
+Example with plain greedy decoding (``NoDrafter``)::
+
+    dec = Decoder(backend)
+    for step in dec.steps(prompt_ids, NoDrafter(), SamplingParams(), max_tokens=16):
+        print(step.tokens)          # one token per step without a drafter
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from draftwise.core.acceptance import accept, accept_greedy
+from draftwise.core.backend import Backend
+from draftwise.core.drafters.base import Drafter
+from draftwise.core.sampling import SamplingParams, next_token
+from draftwise.core.tree import DraftTree
+from draftwise.errors import DraftwiseError
+
+
+@dataclass
+class Step:
+    """One verification pass."""
+
+    tokens: list[int]  # emitted this step: accepted draft tokens, then the bonus token
+    accepted: int  # how many drafted tokens were accepted (before truncation)
+    drafted: int  # nodes in the verified tree
+    draft_s: float  # time to build the tree
+    verify_s: float  # time of the forward pass, acceptance and cache commit
+    finish_reason: str | None = None  # "stop", "length" or None while running
+
+
+def common_prefix(a: list[int], b: np.ndarray) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``."""
+    n = min(len(a), b.size)
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n], np.int64) != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+class Decoder:
+    """Runs speculative (or plain) decoding on one backend."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.cached: list[int] = []  # the tokens the backend's cache holds, in order
+
+    def reset(self) -> None:
+        self.backend.reset()
+        self.cached = []
+
+    def _prefill(self, prompt: np.ndarray) -> None:
+        """Bring the cache to ``prompt[:-1]``, reusing the longest cached prefix."""
+        keep = common_prefix(self.cached, prompt[:-1])
+        if keep < self.backend.cache_len:
+            self.backend.trim(keep)
+        self.cached = self.cached[:keep]
+        if prompt.size - 1 > keep:
+            self.backend.prefill(prompt[keep:-1])
+        self.cached = prompt[:-1].tolist()
+
+    def steps(
+        self,
+        prompt: np.ndarray | list[int],
+        drafter: Drafter,
+        params: SamplingParams,
+        max_tokens: int,
+        *,
+        seed: int | None = None,
+        stop_ids: frozenset[int] = frozenset(),
+        budget: int = 16,
+    ) -> Iterator[Step]:
+        """Generate up to ``max_tokens`` tokens after ``prompt``; yields one Step per pass.
+
+        ``budget`` caps the draft tree's nodes. Generation ends after a token in
+        ``stop_ids`` (which is emitted) or after ``max_tokens`` tokens.
+        """
+        prompt = np.asarray(prompt, dtype=np.int64).reshape(-1)
+        limit = self.backend.context_limit
+        if prompt.size == 0:
+            raise DraftwiseError("the prompt is empty: give at least one token of input")
+        if max_tokens < 1:
+            raise DraftwiseError(f"max_tokens must be >= 1, got {max_tokens}")
+        if budget < 0:
+            raise DraftwiseError(f"draft budget must be >= 0, got {budget}")
+        if prompt.size >= limit:
+            raise DraftwiseError(
+                f"the prompt has {prompt.size} tokens; the model's context limit is {limit}"
+            )
+        rng = np.random.default_rng(seed)
+        seq = np.empty(prompt.size + max_tokens + budget + 1, np.int64)
+        seq[: prompt.size] = prompt
+        n = prompt.size  # tokens in seq; seq[n-1] is the uncached root
+        emitted = 0
+        self._prefill(prompt)
+        drafter.begin(prompt)
+        try:
+            while True:
+                room = limit - self.backend.cache_len - 1  # rows left after the root
+                t0 = time.perf_counter()
+                tree = drafter.propose(seq[:n], max(0, min(budget, room, max_tokens - emitted - 1)))
+                t1 = time.perf_counter()
+                path, bonus = self._verify(seq[:n], tree, params, rng)
+                t2 = time.perf_counter()
+                new = [int(t) for t in tree.tokens[path]] + [bonus]
+                cut = len(new)
+                finish = None
+                for i, tok in enumerate(new):
+                    if tok in stop_ids:
+                        cut, finish = i + 1, "stop"
+                        break
+                if finish is None and emitted + cut >= max_tokens:
+                    cut, finish = max_tokens - emitted, "length"
+                if finish is None and self.backend.cache_len + 1 >= limit:
+                    finish = "length"  # the context is full
+                new = new[:cut]
+                seq[n : n + cut] = new
+                n += cut
+                emitted += cut
+                drafter.update(seq[:n], cut)
+                yield Step(new, len(path), len(tree), t1 - t0, t2 - t1, finish)
+                if finish is not None:
+                    return
+        finally:
+            # the cache may hold rows past what was emitted (truncation, early stop)
+            keep = min(self.backend.cache_len, n - 1)
+            self.backend.trim(keep)
+            self.cached = seq[:keep].tolist()
+
+    def _verify(
+        self, context: np.ndarray, tree: DraftTree, params: SamplingParams, rng: np.random.Generator
+    ) -> tuple[list[int], int]:
+        """One forward pass over the tree; commits the accepted path to the cache."""
+        out = self.backend.verify(int(context[-1]), tree, need_logits=params.needs_logits)
+        if not params.needs_logits:
+            path, bonus = accept_greedy(tree, out.argmax)
+        else:
+            logits = out.logits
+            assert logits is not None  # the backend contract, not user input
+            window = params.repetition_context
+
+            def emit(row: int, path: list[int]) -> int:
+                recent = context[:0]  # repetition_context == 0: no penalty window
+                if window:
+                    recent = np.concatenate([context[-window:], tree.tokens[path]])[-window:]
+                return next_token(logits[row], recent, params, float(rng.random()))
+
+            path, bonus = accept(tree, emit)
+        self.backend.commit(np.asarray([0] + [p + 1 for p in path], dtype=np.int64))
+        return path, bonus

@@ -1,0 +1,57 @@
+"""The drafter interface: propose a tree for the current context, learn from the result.
+
+A drafter sees only token ids (numpy arrays); it knows nothing of the model, the
+tokenizer or the device. The decoding loop calls, per generation::
+
+    drafter.begin(prompt)                    # warm up on the prompt
+    loop:
+        tree = drafter.propose(context, budget)   # context includes the root token
+        ... verify, accept ...
+        drafter.update(context, n_new)           # context now ends with n_new new tokens
+
+``reset()`` forgets everything learnt (a fresh drafter); state otherwise carries across
+generations, which is what a chat or a server wants.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from draftwise.core.tree import DraftTree
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+
+    def reset(self) -> None:
+        """Forget all learnt state."""
+
+    def begin(self, prompt: np.ndarray) -> None:
+        """Called once per generation with the prompt (T,) before the first step."""
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        """A tree of at most ``budget`` nodes guessing what follows ``context`` (T,)."""
+
+    def update(self, context: np.ndarray, n_new: int) -> None:
+        """``context`` (T,) now ends with ``n_new`` tokens emitted by the last step."""
+
+
+class NoDrafter:
+    """Plain decoding: proposes nothing, so every step emits exactly one token."""
+
+    name = "none"
+
+    def reset(self) -> None:
+        pass
+
+    def begin(self, prompt: np.ndarray) -> None:
+        pass
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        return DraftTree.empty()
+
+    def update(self, context: np.ndarray, n_new: int) -> None:
+        pass

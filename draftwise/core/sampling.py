@@ -1,0 +1,112 @@
+"""Logits processing, defined once: temperature, top-k, top-p, min-p, repetition penalty.
+
+Every token the engine emits, plain or speculative, goes through ``next_token``: the
+target's logits for one row are turned into a distribution and inverted at one uniform
+random number ``u``. Plain decoding draws one ``u`` per token; speculative decoding draws
+one ``u`` per *emitted* token too, in the same order. So with the same seed the two
+schedules emit the same tokens, and the output distribution is the plain one exactly.
+
+Example::
+
+    >>> p = SamplingParams(temperature=0.0)
+    >>> next_token(np.array([0.1, 2.0, 0.5]), np.array([], np.int64), p, u=0.3)
+    1
+    >>> p = SamplingParams(temperature=1.0, top_k=1)
+    >>> next_token(np.array([0.1, 2.0, 0.5]), np.array([], np.int64), p, u=0.99)
+    1
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from draftwise.errors import DraftwiseError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to turn logits into the next token. ``temperature == 0`` means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    repetition_context: int = 64  # how many recent tokens the penalty looks at
+
+    def __post_init__(self) -> None:
+        checks = [
+            (math.isfinite(self.temperature) and self.temperature >= 0, "temperature", ">= 0"),
+            (self.top_k >= 0, "top_k", ">= 0"),
+            (0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]"),
+            (0.0 <= self.min_p < 1.0, "min_p", "in [0, 1)"),
+            (self.repetition_penalty > 0, "repetition_penalty", "> 0"),
+            (self.repetition_context >= 0, "repetition_context", ">= 0"),
+        ]
+        for ok, name, rule in checks:
+            if not ok:
+                raise DraftwiseError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def needs_logits(self) -> bool:
+        """False when the backend's on-device argmax is the answer (plain greedy)."""
+        return not (self.greedy and self.repetition_penalty == 1.0)
+
+
+def apply_repetition_penalty(
+    logits: np.ndarray, recent: np.ndarray, penalty: float
+) -> np.ndarray:
+    """CTRL-style penalty on tokens seen in ``recent``: positive logits are divided by
+    ``penalty``, negative ones multiplied (as transformers and mlx-lm do)."""
+    if penalty == 1.0 or recent.size == 0:
+        return logits
+    out = logits.astype(np.float32, copy=True)  # (V,)
+    seen = np.unique(recent)
+    vals = out[seen]
+    out[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
+    return out
+
+
+def probabilities(logits: np.ndarray, recent: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """(V,) float64 distribution after penalty, temperature, top-k, top-p and min-p."""
+    x = apply_repetition_penalty(np.asarray(logits), recent, params.repetition_penalty)
+    x = x.astype(np.float64) / params.temperature  # (V,)
+    if params.top_k and params.top_k < x.size:
+        kth = np.partition(x, -params.top_k)[-params.top_k]
+        x = np.where(x < kth, -np.inf, x)
+    x = x - x.max()
+    p = np.exp(x)
+    p /= p.sum()
+    if params.min_p > 0.0:
+        p = np.where(p < params.min_p * p.max(), 0.0, p)
+    if params.top_p < 1.0:
+        order = np.argsort(-p, kind="stable")  # (V,) most likely first
+        cum = np.cumsum(p[order])
+        # keep the smallest prefix whose mass reaches top_p (always at least one token)
+        cut = int(np.searchsorted(cum, params.top_p * cum[-1] - 1e-12)) + 1
+        mask = np.zeros_like(p, dtype=bool)
+        mask[order[:cut]] = True
+        p = np.where(mask, p, 0.0)
+    return p / p.sum()
+
+
+def sample(p: np.ndarray, u: float) -> int:
+    """Invert the CDF of ``p`` at ``u`` in [0, 1): one uniform gives one token."""
+    cdf = np.cumsum(p)
+    idx = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    return min(idx, p.size - 1)
+
+
+def next_token(logits: np.ndarray, recent: np.ndarray, params: SamplingParams, u: float) -> int:
+    """The token the engine emits for one row of target logits."""
+    if params.greedy:
+        x = apply_repetition_penalty(np.asarray(logits), recent, params.repetition_penalty)
+        return int(np.argmax(x))
+    return sample(probabilities(logits, recent, params), u)

@@ -1,0 +1,214 @@
+"""Draft trees: the guesses a drafter hands to the model for one verification pass.
+
+A ``DraftTree`` holds ``N`` draft nodes as flat arrays, in topological order (a node's
+parent always comes before it):
+
+- ``tokens[N]``: the drafted token of each node;
+- ``parents[N]``: the index of each node's parent, ``-1`` for children of the root.
+
+The *root* is the last token of the context that is not in the model's KV cache yet (the
+previous step's bonus token). It is not stored in the tree; backends verify the
+``N + 1`` rows ``[root, node 0, ..., node N-1]`` in one forward pass, and row ``i + 1``
+of the result predicts the children of node ``i`` (row 0 predicts the root's children).
+
+Worked example: the chains ``[5, 6, 7]`` and ``[5, 8]`` share the prefix ``5``::
+
+    >>> t = DraftTree.from_paths([[5, 6, 7], [5, 8]])
+    >>> t.tokens.tolist(), t.parents.tolist()
+    ([5, 6, 8, 7], [-1, 0, 0, 1])
+    >>> t.depth.tolist()          # root children have depth 1
+    [1, 2, 2, 3]
+    >>> t.verify_mask().astype(int).tolist()   # rows/cols: root, then the 4 nodes
+    [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 1, 0, 1]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from draftwise.errors import DraftwiseError
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Draft nodes as arrays; see the module docstring for the conventions."""
+
+    tokens: np.ndarray  # (N,) int64
+    parents: np.ndarray  # (N,) int64, -1 = child of the root
+    source: np.ndarray | None = None  # (N,) int16 drafter id per node, optional
+    _depth: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
+        parents = np.asarray(self.parents, dtype=np.int64).reshape(-1)
+        if tokens.shape != parents.shape:
+            raise DraftwiseError(
+                f"draft tree needs as many parents as tokens, got {parents.size} and {tokens.size}"
+            )
+        idx = np.arange(tokens.size)
+        if tokens.size and (np.any(parents >= idx) or np.any(parents < -1)):
+            raise DraftwiseError("draft tree parents must point to earlier nodes (or -1)")
+        depth = np.empty(tokens.size, dtype=np.int64)
+        for i, p in enumerate(parents.tolist()):
+            depth[i] = 1 if p < 0 else depth[p] + 1
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "parents", parents)
+        object.__setattr__(self, "_depth", depth)
+        if self.source is not None:
+            object.__setattr__(self, "source", np.asarray(self.source, dtype=np.int16))
+
+    # ----- construction -------------------------------------------------------------
+    @classmethod
+    def empty(cls) -> DraftTree:
+        """A tree with no drafts: verifying it is one plain decoding step."""
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int]) -> DraftTree:
+        """A single path: node ``i``'s parent is ``i - 1``."""
+        n = len(tokens)
+        return cls(np.asarray(tokens, np.int64), np.arange(-1, n - 1, dtype=np.int64))
+
+    @classmethod
+    def from_paths(
+        cls,
+        paths: Iterable[Sequence[int]],
+        budget: int | None = None,
+        sources: Iterable[int] | None = None,
+    ) -> DraftTree:
+        """Merge token paths into one tree, deduplicating shared prefixes (a trie).
+
+        Nodes are laid out in breadth-first order so that cutting the tree to ``budget``
+        nodes keeps the shallow, most useful part of every path.
+        """
+        builder = TreeBuilder()
+        src_iter = iter(sources) if sources is not None else None
+        for path in paths:
+            src = next(src_iter) if src_iter is not None else 0
+            builder.add_path(-1, path, source=src)
+        return builder.build(budget)
+
+    # ----- derived quantities ---------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self.tokens.size)
+
+    @property
+    def depth(self) -> np.ndarray:
+        """(N,) depth of each node; children of the root have depth 1."""
+        return self._depth
+
+    @property
+    def max_depth(self) -> int:
+        return int(self._depth.max()) if self.tokens.size else 0
+
+    def ancestor_mask(self) -> np.ndarray:
+        """(N, N) bool: ``mask[i, j]`` is True when node j is node i or an ancestor of it."""
+        n = self.tokens.size
+        mask = np.zeros((n, n), dtype=bool)
+        for i, p in enumerate(self.parents.tolist()):
+            if p >= 0:
+                mask[i, : p + 1] = mask[p, : p + 1]
+            mask[i, i] = True
+        return mask
+
+    def verify_mask(self) -> np.ndarray:
+        """(N+1, N+1) bool attention mask over ``[root, nodes]``: the root sees itself,
+        every node sees the root, its ancestors and itself. Cached keys (the context
+        before the root) are visible to every row and are not part of this mask."""
+        n = self.tokens.size
+        mask = np.zeros((n + 1, n + 1), dtype=bool)
+        mask[:, 0] = True
+        mask[1:, 1:] = self.ancestor_mask()
+        return mask
+
+    def verify_positions(self) -> np.ndarray:
+        """(N+1,) position offsets of ``[root, nodes]`` relative to the root's position."""
+        return np.concatenate([[0], self._depth]).astype(np.int64)
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to ``node`` (inclusive)."""
+        out: list[int] = []
+        while node >= 0:
+            out.append(node)
+            node = int(self.parents[node])
+        return out[::-1]
+
+    def is_chain(self) -> bool:
+        return bool(np.array_equal(self.parents, np.arange(-1, self.tokens.size - 1)))
+
+
+class TreeBuilder:
+    """Incremental trie of draft tokens, used by drafters to grow trees node by node.
+
+    Example::
+
+        >>> b = TreeBuilder()
+        >>> a, _ = b.add_path(-1, [3, 4])  # the last node's index, complete?
+        >>> _ = b.add_path(a, [9])         # grow below node `a`
+        >>> _ = b.add_path(-1, [3, 7])     # shares node for token 3
+        >>> t = b.build()
+        >>> t.tokens.tolist(), t.parents.tolist()
+        ([3, 4, 7, 9], [-1, 0, 0, 1])
+    """
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.sources: list[int] = []
+        self._children: dict[tuple[int, int], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def child(self, parent: int, token: int) -> int | None:
+        return self._children.get((parent, token))
+
+    def add(self, parent: int, token: int, source: int = 0) -> tuple[int, bool]:
+        """Add one node (or find the existing one); returns (index, created)."""
+        key = (parent, int(token))
+        found = self._children.get(key)
+        if found is not None:
+            return found, False
+        idx = len(self.tokens)
+        self.tokens.append(int(token))
+        self.parents.append(parent)
+        self.sources.append(source)
+        self._children[key] = idx
+        return idx, True
+
+    def add_path(
+        self, parent: int, path: Sequence[int], source: int = 0, limit: int | None = None
+    ) -> tuple[int, bool]:
+        """Add ``path`` below ``parent``; stops creating nodes once the tree holds
+        ``limit`` nodes. Returns (deepest node reached or ``parent``, whole path added)."""
+        node = parent
+        for tok in path:
+            existing = self._children.get((node, int(tok)))
+            if existing is None:
+                if limit is not None and len(self.tokens) >= limit:
+                    return node, False
+                existing, _ = self.add(node, int(tok), source)
+            node = existing
+        return node, True
+
+    def build(self, budget: int | None = None) -> DraftTree:
+        """Return the tree in breadth-first order, cut to ``budget`` nodes."""
+        n = len(self.tokens)
+        if n == 0:
+            return DraftTree.empty()
+        parents = np.asarray(self.parents, np.int64)
+        depth = np.empty(n, np.int64)
+        for i, p in enumerate(self.parents):  # nodes are created after their parents
+            depth[i] = 1 if p < 0 else depth[p] + 1
+        order = np.lexsort((np.arange(n), depth))  # by depth, then creation order
+        if budget is not None:
+            order = order[: max(budget, 0)]
+        remap = np.full(n + 1, -1, np.int64)  # index n stands for the root (-1)
+        remap[order] = np.arange(order.size)
+        new_parents = remap[parents[order]]
+        tokens = np.asarray(self.tokens, np.int64)[order]
+        sources = np.asarray(self.sources, np.int16)[order]
+        return DraftTree(tokens, new_parents, sources)

@@ -1,0 +1,152 @@
+"""The decoding loop on a fake model: lossless greedy, exact sampling, cache bookkeeping."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from draftwise.core.decode import Decoder
+from draftwise.core.drafters.base import NoDrafter
+from draftwise.core.drafters.cacheback import Cacheback
+from draftwise.core.sampling import SamplingParams, probabilities
+from draftwise.core.tree import DraftTree
+from draftwise.errors import DraftwiseError
+from tests.fakes import FakeBackend
+
+
+class RandomTreeDrafter:
+    """Proposes random trees: exercises every acceptance branch."""
+
+    name = "random"
+
+    def __init__(self, vocab: int, seed: int = 0) -> None:
+        self.vocab, self.rng = vocab, np.random.default_rng(seed)
+
+    def reset(self) -> None: ...
+    def begin(self, prompt) -> None: ...
+    def update(self, context, n_new) -> None: ...
+
+    def propose(self, context, budget):
+        paths = [self.rng.integers(0, self.vocab, self.rng.integers(1, 4)).tolist() for _ in range(4)]
+        return DraftTree.from_paths(paths, budget=budget)
+
+
+def run(backend, drafter, params, prompt, n, seed=None, budget=8):
+    dec = Decoder(backend)
+    steps = list(dec.steps(prompt, drafter, params, n, seed=seed, budget=budget))
+    return [t for s in steps for t in s.tokens], steps, dec
+
+
+def test_greedy_identical_and_fewer_steps():
+    be = FakeBackend(vocab_size=6, sharpness=4.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    plain, plain_steps, _ = run(be, NoDrafter(), SamplingParams(), prompt, 80)
+    for drafter in (Cacheback(ll=1, fl=3), RandomTreeDrafter(6), Cacheback(ll=2, fl=2, crt=0)):
+        spec, steps, _ = run(be, drafter, SamplingParams(), prompt, 80)
+        assert spec == plain
+    spec, steps, _ = run(be, Cacheback(), SamplingParams(), prompt, 80)
+    assert len(plain_steps) == 80 and len(steps) < 60  # the fake model is repetitive
+
+
+def test_same_seed_same_output_as_plain_sampling():
+    be = FakeBackend(vocab_size=8, sharpness=2.0)
+    params = SamplingParams(temperature=0.8, top_p=0.95, repetition_penalty=1.1)
+    for seed in range(5):
+        plain, _, _ = run(be, NoDrafter(), params, [3, 4], 40, seed=seed)
+        for d in (Cacheback(), RandomTreeDrafter(8, seed)):
+            assert run(be, d, params, [3, 4], 40, seed=seed)[0] == plain
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4)])
+def test_speculative_sampling_distribution_matches_target(params):
+    """Chi-square of 3-token continuations against the exact target distribution."""
+    be = FakeBackend(vocab_size=5, sharpness=1.5, seed=3)
+    prompt = [1, 2]
+    exact = {}
+    for a in range(5):
+        pa = probabilities(be.logits_after(prompt), np.array(prompt), params)[a]
+        for b in range(5):
+            pb = probabilities(be.logits_after(prompt + [a]), np.array(prompt + [a]), params)[b]
+            for c in range(5):
+                pc = probabilities(be.logits_after(prompt + [a, b]), np.array(prompt + [a, b]), params)[c]
+                exact[(a, b, c)] = pa * pb * pc
+    draws = 6000
+    counts = dict.fromkeys(exact, 0)
+    drafter = RandomTreeDrafter(5, seed=11)
+    rng = np.random.default_rng(123)
+    accepted = 0
+    for _ in range(draws):
+        toks, steps, _ = run(be, drafter, params, prompt, 3, seed=int(rng.integers(1 << 31)))
+        counts[tuple(toks)] += 1
+        accepted += sum(s.accepted for s in steps)
+    assert accepted > draws * 0.3  # the drafts were really used
+    keys = [k for k in exact if exact[k] * draws >= 5]
+    rest = [k for k in exact if exact[k] * draws < 5]
+    obs = [counts[k] for k in keys] + [sum(counts[k] for k in rest)]
+    exp = [exact[k] * draws for k in keys] + [sum(exact[k] for k in rest) * draws]
+    assert sum(obs) == draws
+    p = stats.chisquare(obs, np.array(exp) * draws / sum(exp)).pvalue
+    assert p > 0.01, p
+
+
+def test_chi_square_has_power():
+    """The same check rejects a sampler that is slightly off (top_k=4 vs full)."""
+    be = FakeBackend(vocab_size=5, sharpness=1.5, seed=3)
+    full = SamplingParams(temperature=1.0)
+    off = SamplingParams(temperature=1.0, top_k=4)
+    p_full = probabilities(be.logits_after([1, 2]), np.array([1, 2]), full)
+    rng = np.random.default_rng(0)
+    draws = [run(be, NoDrafter(), off, [1, 2], 1, seed=int(rng.integers(1 << 31)))[0][0] for _ in range(3000)]
+    obs = np.bincount(draws, minlength=5)
+    exp = p_full * 3000
+    keep = exp >= 5
+    assert stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue < 0.01
+
+
+def test_stop_and_length_and_cache_invariant():
+    be = FakeBackend(vocab_size=6, sharpness=4.0)
+    plain, _, _ = run(be, NoDrafter(), SamplingParams(), [1, 2, 3], 30)
+    stop = plain[7]
+    first = plain.index(stop)
+    toks, steps, dec = run(be, Cacheback(), SamplingParams(), [1, 2, 3], 30, budget=8)
+    toks2 = []
+    dec = Decoder(be)
+    for s in dec.steps([1, 2, 3], Cacheback(), SamplingParams(), 30, stop_ids=frozenset({stop})):
+        toks2 += s.tokens
+    assert toks2 == plain[: first + 1] and s.finish_reason == "stop"
+    assert dec.cached == ([1, 2, 3] + toks2)[:-1] and be.cache_len == len(dec.cached)
+    toks3, steps3, dec = run(be, Cacheback(), SamplingParams(), [1, 2, 3], 5)
+    assert toks3 == plain[:5] and steps3[-1].finish_reason == "length"
+    assert be.cache_len == 3 + 5 - 1
+
+
+def test_early_stop_leaves_cache_consistent_and_reused():
+    be = FakeBackend(vocab_size=6)
+    dec = Decoder(be)
+    gen = dec.steps([1, 2, 3, 4], Cacheback(), SamplingParams(), 50)
+    got = next(gen)
+    gen.close()
+    assert be.cache_len == len(dec.cached) == 4 + len(got.tokens) - 1
+    # a follow-up prompt extending the same sequence prefills only the new part
+    prompt2 = [1, 2, 3, 4] + got.tokens + [5]
+    out2 = [t for s in dec.steps(prompt2, NoDrafter(), SamplingParams(), 5) for t in s.tokens]
+    fresh, _, _ = run(FakeBackend(vocab_size=6), NoDrafter(), SamplingParams(), prompt2, 5)
+    assert out2 == fresh
+
+
+def test_input_errors():
+    be = FakeBackend(context_limit=16)
+    dec = Decoder(be)
+    with pytest.raises(DraftwiseError, match="empty"):
+        list(dec.steps([], NoDrafter(), SamplingParams(), 4))
+    with pytest.raises(DraftwiseError, match="max_tokens"):
+        list(dec.steps([1], NoDrafter(), SamplingParams(), 0))
+    with pytest.raises(DraftwiseError, match="context limit is 16"):
+        list(dec.steps(list(range(16)), NoDrafter(), SamplingParams(), 4))
+
+
+def test_context_full_ends_with_length():
+    be = FakeBackend(context_limit=20)
+    toks, steps, _ = run(be, Cacheback(), SamplingParams(), [1, 2, 3], 100)
+    assert steps[-1].finish_reason == "length" and be.cache_len <= 20
+    plain, _, _ = run(FakeBackend(context_limit=20), NoDrafter(), SamplingParams(), [1, 2, 3], 100)
+    assert toks[: len(plain)] == plain[: len(toks)]

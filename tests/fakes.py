@@ -1,0 +1,61 @@
+"""A tiny numpy "model" with a real (list) KV cache, for testing the core without weights.
+
+Its next-token logits depend on the last two tokens through a fixed random table, so it
+is cheap, deterministic and has structure a drafter can learn.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from draftwise.core.backend import Verified
+from draftwise.core.tree import DraftTree
+
+
+class FakeBackend:
+    name = "fake"
+
+    def __init__(self, vocab_size: int = 8, context_limit: int = 512, seed: int = 0,
+                 sharpness: float = 3.0) -> None:
+        rng = np.random.default_rng(seed)
+        self.vocab_size = vocab_size
+        self.context_limit = context_limit
+        self.table = (rng.standard_normal((vocab_size, vocab_size, vocab_size)) * sharpness).astype(np.float32)
+        self.cache: list[int] = []
+        self.pending: list[int] | None = None  # rows written by the last verify
+        self.forwards = 0
+
+    @property
+    def cache_len(self) -> int:
+        return len(self.cache)
+
+    def logits_after(self, seq: list[int]) -> np.ndarray:
+        a = seq[-2] if len(seq) >= 2 else 0
+        return self.table[a, seq[-1]].copy()
+
+    def reset(self) -> None:
+        self.cache = []
+
+    def trim(self, n: int) -> None:
+        assert 0 <= n <= len(self.cache)
+        self.cache = self.cache[:n]
+
+    def prefill(self, tokens: np.ndarray) -> None:
+        self.cache += [int(t) for t in tokens]
+
+    def verify(self, root: int, tree: DraftTree, need_logits: bool) -> Verified:
+        self.forwards += 1
+        assert self.cache_len + len(tree) + 1 <= self.context_limit
+        rows = [root] + tree.tokens.tolist()
+        logits = np.empty((len(rows), self.vocab_size), np.float32)
+        logits[0] = self.logits_after(self.cache + [root])
+        for i in range(len(tree)):
+            path = [root] + tree.tokens[tree.path_to(i)].tolist()
+            logits[i + 1] = self.logits_after(self.cache + path)
+        self.pending = rows
+        return Verified(logits.argmax(axis=1), logits if need_logits else None)
+
+    def commit(self, keep: np.ndarray) -> None:
+        assert self.pending is not None and keep[0] == 0
+        self.cache += [self.pending[i] for i in keep.tolist()]
+        self.pending = None
