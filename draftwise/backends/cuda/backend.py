@@ -1,0 +1,175 @@
+"""``TorchBackend``: the ``draftwise.core.backend.Backend`` protocol on plain torch.
+
+Runs the lean llama forward of ``llama.py`` on CUDA when there is a GPU, else on CPU.
+Every ``verify`` is ONE forward over ``[root, tree nodes]`` and ONE device->host copy
+(argmax, plus the logits when asked for); ``commit`` compacts the kept rows' K/V into
+place with one indexed copy over all layers.
+
+Example::
+
+    be = TorchBackend.from_pretrained("path/to/hf_dir", dtype="float32", device="cpu")
+    be.prefill(np.array(prompt[:-1]))
+    out = be.verify(prompt[-1], DraftTree.empty(), need_logits=False)
+    be.commit(np.array([0]))
+    next_token = int(out.argmax[0])
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from draftwise.backends.cuda.llama import Llama, causal_mask, read_llama_config, read_weights
+from draftwise.core.backend import Verified
+from draftwise.core.tree import DraftTree
+from draftwise.errors import DraftwiseError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PREFILL_CHUNK = 256  # rows per prefill forward: bounds the (T, S) mask and activations
+DEFAULT_MAX_CACHE = 8192  # slots preallocated when max_cache_len is not given
+
+
+def _pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda"):
+        raise DraftwiseError(f"unknown device {device!r} (use auto, cpu or cuda)")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DraftwiseError("device 'cuda' requested but torch sees no CUDA GPU")
+    return torch.device(device)
+
+
+class TorchBackend:
+    """A llama-family model and its KV cache on one torch device (batch size 1)."""
+
+    def __init__(self, model: Llama, max_cache_len: int) -> None:
+        self.model = model
+        self.device = model.device
+        self.dtype = str(model.dtype).removeprefix("torch.")
+        self.name = f"torch-{self.device.type}-{self.dtype}"
+        self.vocab_size = model.cfg.vocab_size
+        self.context_limit = max_cache_len
+        self._len = 0
+        self._pending = 0  # rows written by the last verify, 0 once committed
+        # Reused for every verify's mask: the cache prefix is always fully visible.
+        self._ones = torch.ones((1, max_cache_len), dtype=torch.bool, device=self.device)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: str | Path,
+        dtype: str = "float32",
+        device: str = "auto",
+        max_cache_len: int | None = None,
+    ) -> TorchBackend:
+        if dtype not in DTYPES:
+            raise DraftwiseError(f"unknown dtype {dtype!r} (use {', '.join(DTYPES)})")
+        if max_cache_len is not None and max_cache_len < 1:
+            raise DraftwiseError(f"max_cache_len must be positive, got {max_cache_len}")
+        dev = _pick_device(device)
+        cfg = read_llama_config(model_dir)
+        cap = max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE
+        limit = min(cfg.max_positions, cap)
+        model = Llama(cfg, read_weights(Path(model_dir)), DTYPES[dtype], dev, limit)
+        return cls(model, limit)
+
+    # ----- cache bookkeeping -----------------------------------------------------------
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        # Nothing to clear: slots past cache_len are never read before being rewritten.
+        self._len = 0
+        self._pending = 0
+
+    def trim(self, n: int) -> None:
+        if not 0 <= n <= self._len:
+            raise DraftwiseError(f"cannot trim the cache to {n} tokens: it holds {self._len}")
+        self._len = n
+        self._pending = 0
+
+    def _check_room(self, what: str, n: int) -> None:
+        if self._len + n > self.context_limit:
+            raise DraftwiseError(
+                f"{what} of {n} tokens after {self._len} cached exceeds the context "
+                f"limit {self.context_limit}"
+            )
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        # An out-of-range id would be a device-side assert on CUDA; catch it on the host.
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = ids[(ids < 0) | (ids >= self.vocab_size)][0]
+            raise DraftwiseError(f"token id {bad} outside the vocabulary (size {self.vocab_size})")
+
+    # ----- forward passes --------------------------------------------------------------
+    def prefill(self, tokens: np.ndarray) -> None:
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        self._check_room("prefill", ids.size)
+        self._check_ids(ids)
+        self._pending = 0
+        with torch.inference_mode():
+            all_ids = torch.from_numpy(ids).to(self.device)  # (T,)
+            for s in range(0, ids.size, PREFILL_CHUNK):
+                chunk = all_ids[s : s + PREFILL_CHUNK]  # (t,)
+                t, start = chunk.shape[0], self._len
+                pos = torch.arange(start, start + t, device=self.device)  # (t,)
+                mask = causal_mask(t, start, self.device) if t > 1 else None  # (t, start+t)
+                self.model.forward(chunk, pos, start, mask, need_logits=False)
+                self._len += t
+
+    def verify(self, root: int, tree: DraftTree, need_logits: bool) -> Verified:
+        n1 = len(tree) + 1
+        self._check_room("verify", n1)
+        start = self._len
+        # Pack tokens, positions and the tree mask into ONE host->device copy.
+        host = np.empty((n1, 2 + n1), dtype=np.int64)  # (N+1, 2 + N+1)
+        host[0, 0] = root
+        host[1:, 0] = tree.tokens
+        self._check_ids(host[:, 0])
+        host[:, 1] = start + tree.verify_positions()
+        if n1 > 1:
+            host[:, 2:] = tree.verify_mask()
+        with torch.inference_mode():
+            dev = torch.from_numpy(host).to(self.device, non_blocking=False)  # (N+1, 2+N+1)
+            mask = None
+            if n1 > 1:  # a single row sees the whole cache: no mask needed
+                mask = torch.cat(
+                    [self._ones[:, :start].expand(n1, start), dev[:, 2:].bool()], dim=1
+                )  # (N+1, start + N+1)
+            logits = self.model.forward(dev[:, 0], dev[:, 1], start, mask, need_logits=True)
+            assert logits is not None
+            argmax = logits.argmax(dim=-1)  # (N+1,)
+            self._pending = n1
+            if self.device.type == "cpu":
+                # Already on the host: .numpy() shares memory, no copy at all.
+                am = argmax.numpy()
+                lg = logits.float().numpy() if need_logits else None
+                return Verified(argmax=am, logits=lg)
+            if not need_logits:
+                return Verified(argmax=argmax.cpu().numpy())
+            # One transfer: argmax rides along as an extra float32 column (exact: V < 2^24).
+            packed = torch.cat([logits.float(), argmax[:, None].float()], dim=1).cpu()
+            return Verified(
+                argmax=packed[:, -1].numpy().astype(np.int64), logits=packed[:, :-1].numpy()
+            )
+
+    def commit(self, keep: np.ndarray) -> None:
+        keep = np.asarray(keep, dtype=np.int64).reshape(-1)
+        if not self._pending:
+            raise DraftwiseError("commit() without a preceding verify()")
+        if keep.size == 0 or keep[0] != 0 or keep.max() >= self._pending or np.any(np.diff(keep) <= 0):
+            raise DraftwiseError(
+                f"commit rows {keep.tolist()} must start at 0 and increase below {self._pending}"
+            )
+        k = int(keep.size)
+        # Rows 0..k-1 kept in order (plain decoding, an accepted chain prefix) are already
+        # in place; otherwise gather the kept slots down with one op over all layers.
+        if keep[-1] != k - 1:
+            with torch.inference_mode():
+                src = torch.from_numpy(self._len + keep).to(self.device)  # (K,)
+                self.model.move_slots(src, self._len)
+        self._len += k
+        self._pending = 0

@@ -1,0 +1,304 @@
+"""A lean llama-family forward pass in plain torch, with a preallocated KV cache.
+
+No ``nn.Module`` machinery: the weights are plain tensors and ``Llama.forward`` is a loop
+over layers, so a verification step costs little more than its matmuls. The KV cache is
+ONE tensor ``(L, 2, H_kv, T_max, D)`` written by slot index (as in gpt-fast): rejected
+draft rows are simply overwritten by the next step, and keeping a draft path is a single
+indexed gather over all layers at once (``Llama.move_slots``).
+
+Supported ``model_type``: llama, mistral and qwen2 (the same block; qwen2 adds a bias on
+the q/k/v projections). RoPE types: "default" and "llama3".
+
+Example::
+
+    model = Llama.load("path/to/hf_dir", dtype=torch.float32, device=torch.device("cpu"),
+                       max_cache_len=1024)
+    tokens = torch.tensor([1, 2, 3])
+    logits = model.forward(tokens, positions=torch.arange(3), start=0,
+                           mask=causal_mask(3, 0, tokens.device), need_logits=True)  # (3, V)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from draftwise.errors import DraftwiseError
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The handful of ``config.json`` fields the forward pass needs."""
+
+    model_type: str
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    norm_eps: float
+    rope_theta: float
+    rope_type: str
+    rope_params: dict[str, Any]
+    max_positions: int
+    attention_bias: bool
+    tie_embeddings: bool
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> LlamaConfig:
+        model_type = cfg.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise DraftwiseError(
+                f"unsupported model_type {model_type!r} for the torch backend "
+                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        # transformers 5 moved rope settings into `rope_parameters`; older files use
+        # `rope_theta` + `rope_scaling`.
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise DraftwiseError(
+                f"unsupported rope type {rope_type!r} (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+            )
+        max_positions = int(cfg.get("max_position_embeddings", 2048))
+        # Sliding-window attention equals full attention while the sequence fits in the
+        # window, so a windowed model is served exactly by capping the context there.
+        window = cfg.get("sliding_window")
+        uses_window = window and (model_type == "mistral" or cfg.get("use_sliding_window"))
+        if uses_window:
+            max_positions = min(max_positions, int(window))
+        n_heads = int(cfg["num_attention_heads"])
+        dim = int(cfg["hidden_size"])
+        return cls(
+            model_type=model_type,
+            vocab_size=int(cfg["vocab_size"]),
+            dim=dim,
+            n_layers=int(cfg["num_hidden_layers"]),
+            n_heads=n_heads,
+            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+            head_dim=int(cfg.get("head_dim") or dim // n_heads),
+            ffn_dim=int(cfg["intermediate_size"]),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            rope_type=rope_type,
+            rope_params=rope,
+            max_positions=max_positions,
+            attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+
+@dataclass
+class Layer:
+    """One decoder block's weights, with q/k/v and gate/up fused so each is one matmul."""
+
+    attn_norm: torch.Tensor  # (C,)
+    wqkv: torch.Tensor  # ((H + 2 H_kv) D, C)
+    bqkv: torch.Tensor | None  # ((H + 2 H_kv) D,)
+    wo: torch.Tensor  # (C, H D)
+    mlp_norm: torch.Tensor  # (C,)
+    w13: torch.Tensor  # (2 F, C): gate rows, then up rows
+    w2: torch.Tensor  # (C, F)
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    """(D/2,) float32 inverse frequencies, as transformers computes them."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if cfg.rope_type == "llama3":
+        p = cfg.rope_params
+        try:
+            factor, lo, hi = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+            old = p.get("original_max_position_embeddings", cfg.max_positions)
+        except KeyError as e:
+            raise DraftwiseError(f"llama3 rope parameters lack {e.args[0]!r}") from None
+        lo_wavelen, hi_wavelen = old / lo, old / hi
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > lo_wavelen, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < hi_wavelen) * ~(wavelen > lo_wavelen)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in float32 then cast back before the weight, exactly like transformers,
+    # so that bf16 results match the reference implementation bit for bit where possible.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def causal_mask(t: int, start: int, device: torch.device) -> torch.Tensor:
+    """(t, start + t) bool: row i sees the cache prefix and rows <= i."""
+    cols = torch.arange(start + t, device=device)
+    rows = torch.arange(start, start + t, device=device)
+    return cols[None, :] <= rows[:, None]
+
+
+def read_llama_config(model_dir: str | Path) -> LlamaConfig:
+    path = Path(model_dir) / "config.json"
+    if not path.exists():
+        raise DraftwiseError(f"no config.json in {model_dir}")
+    return LlamaConfig.from_dict(json.loads(path.read_text()))
+
+
+def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the checkpoint (sharded or not), on CPU, keyed by HF name."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [model_dir / n for n in names]
+    if not files:
+        raise DraftwiseError(f"no *.safetensors weights in {model_dir}")
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(str(f)))  # to CPU first: the fused copies happen on device
+    return out
+
+
+class Llama:
+    """Weights + KV cache + forward. Batch size 1; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        weights: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: torch.device,
+        max_cache_len: int,
+    ) -> None:
+        self.cfg, self.dtype, self.device = cfg, dtype, device
+        self.n_rep = cfg.n_heads // cfg.n_kv_heads
+
+        def take(name: str) -> torch.Tensor:
+            if name not in weights:
+                raise DraftwiseError(f"weight {name!r} missing from the checkpoint")
+            return weights.pop(name).to(device=device, dtype=dtype)
+
+        def fuse(*names: str) -> torch.Tensor:
+            return torch.cat([take(n) for n in names], dim=0).contiguous()
+
+        with torch.inference_mode():
+            self.embed = take("model.embed_tokens.weight")  # (V, C)
+            self.layers: list[Layer] = []
+            for i in range(cfg.n_layers):
+                p = f"model.layers.{i}."
+                a = p + "self_attn."
+                bias = None
+                if cfg.attention_bias:
+                    bias = fuse(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias")
+                self.layers.append(
+                    Layer(
+                        attn_norm=take(p + "input_layernorm.weight"),
+                        wqkv=fuse(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
+                        bqkv=bias,
+                        wo=take(a + "o_proj.weight"),
+                        mlp_norm=take(p + "post_attention_layernorm.weight"),
+                        w13=fuse(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                        w2=take(p + "mlp.down_proj.weight"),
+                    )
+                )
+            self.norm = take("model.norm.weight")  # (C,)
+            if "lm_head.weight" in weights and not cfg.tie_embeddings:
+                self.lm_head = take("lm_head.weight")  # (V, C)
+            else:
+                # Tied embeddings (or a checkpoint that stores only the embedding).
+                self.lm_head = self.embed
+            # RoPE tables for every cache slot, in float32 like transformers; cast per call.
+            pos = torch.arange(max_cache_len, dtype=torch.float32)
+            freqs = torch.outer(pos, rope_inv_freq(cfg))  # (T_max, D/2)
+            emb = torch.cat([freqs, freqs], dim=-1)  # (T_max, D)
+            self.cos = emb.cos().to(device=device, dtype=dtype)  # (T_max, D)
+            self.sin = emb.sin().to(device=device, dtype=dtype)  # (T_max, D)
+            self.max_cache_len = max_cache_len
+            self.cache = torch.zeros(
+                (cfg.n_layers, 2, cfg.n_kv_heads, max_cache_len, cfg.head_dim),
+                dtype=dtype,
+                device=device,
+            )  # (L, 2, H_kv, T_max, D)
+
+    @classmethod
+    def load(
+        cls, model_dir: str | Path, dtype: torch.dtype, device: torch.device, max_cache_len: int
+    ) -> Llama:
+        cfg = read_llama_config(model_dir)
+        return cls(cfg, read_weights(Path(model_dir)), dtype, device, max_cache_len)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: (T, H, D); cos/sin: (T, 1, D). rotate_half convention, as in transformers.
+        half = x.shape[-1] // 2
+        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # (T, H, D)
+        return x * cos + rot * sin
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None,
+        need_logits: bool,
+    ) -> torch.Tensor | None:
+        """Run ``tokens`` (T,) at RoPE ``positions`` (T,), writing their K/V to cache
+        slots ``start .. start+T``. ``mask`` (T, start+T) bool, True = may attend; None
+        means every row sees every slot up to ``start+T`` (right for T == 1).
+        Returns logits (T, V) when ``need_logits`` else None (prefill skips the lm_head).
+        """
+        cfg = self.cfg
+        t = tokens.shape[0]
+        end = start + t
+        h, hkv, d, rep = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.n_rep
+        cos = self.cos[positions].unsqueeze(1)  # (T, 1, D)
+        sin = self.sin[positions].unsqueeze(1)  # (T, 1, D)
+        if mask is not None:
+            # Queries are grouped per kv head as (H_kv, rep * T) rows (see below), so the
+            # (T, S) mask is tiled rep times along the rows.
+            mask = mask.repeat(rep, 1)  # (rep T, S)
+        x = self.embed[tokens]  # (T, C)
+        for li, layer in enumerate(self.layers):
+            hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)  # (T, C)
+            qkv = F.linear(hn, layer.wqkv, layer.bqkv)  # (T, (H + 2 H_kv) D)
+            qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # (T, H + H_kv, D)
+            qk = self._rope(qk, cos, sin)  # (T, H + H_kv, D): one RoPE for q and k
+            q = qk[:, :h].transpose(0, 1)  # (H, T, D)
+            k = qk[:, h:].transpose(0, 1)  # (H_kv, T, D)
+            v = qkv[:, (h + hkv) * d :].view(t, hkv, d).transpose(0, 1)  # (H_kv, T, D)
+            kv = self.cache[li]  # (2, H_kv, T_max, D)
+            kv[0, :, start:end] = k
+            kv[1, :, start:end] = v
+            keys = kv[0, :, :end].unsqueeze(0)  # (1, H_kv, S, D)
+            values = kv[1, :, :end].unsqueeze(0)  # (1, H_kv, S, D)
+            # GQA without repeating K/V: the rep query heads sharing a kv head become
+            # rep * T query rows of that head (HF's repeat_kv maps q head j -> kv j // rep).
+            q = q.reshape(1, hkv, rep * t, d)  # (1, H_kv, rep T, D)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (1, H_kv, rep T, D)
+            o = o.view(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, H D)
+            x = x + F.linear(o, layer.wo)  # (T, C)
+            hn = rms_norm(x, layer.mlp_norm, cfg.norm_eps)  # (T, C)
+            gate, up = F.linear(hn, layer.w13).chunk(2, dim=-1)  # 2 x (T, F)
+            x = x + F.linear(F.silu(gate) * up, layer.w2)  # (T, C)
+        if not need_logits:
+            return None
+        return F.linear(rms_norm(x, self.norm, cfg.norm_eps), self.lm_head)  # (T, V)
+
+    def move_slots(self, src: torch.Tensor, dst_start: int) -> None:
+        """Copy cache slots ``src`` (K,) to ``dst_start .. dst_start+K`` in every layer
+        with one gather + one write (the gather copies first, so overlap is safe)."""
+        k = src.shape[0]
+        self.cache[:, :, :, dst_start : dst_start + k] = self.cache[:, :, :, src]  # (L, 2, H_kv, K, D)
