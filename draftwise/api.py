@@ -1,0 +1,190 @@
+"""The Python API, shaped like mlx-lm's: ``load``, ``stream_generate``, ``generate``.
+
+Example::
+
+    import draftwise
+    model = draftwise.load()                       # the embedded SmolLM2-135M-Instruct
+    print(draftwise.generate(model, "Name three primes.", max_tokens=32))
+    for r in draftwise.stream_generate(model, "Hi!", drafter="cacheback"):
+        print(r.text, end="", flush=True)
+
+``stream_generate`` yields one ``GenerationResponse`` per verification step: the new text,
+the tokens emitted in that step (``from_draft`` of them were drafted tokens the model
+accepted), and running statistics.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from draftwise.backends.select import make_backend
+from draftwise.core.backend import Backend
+from draftwise.core.decode import Decoder
+from draftwise.core.drafters import Drafter, make_drafter
+from draftwise.core.sampling import SamplingParams
+from draftwise.errors import DraftwiseError
+from draftwise.models.resolve import resolve_model
+from draftwise.models.tokenizer import StreamingDetokenizer, Tokenizer
+
+Prompt = str | Sequence[int] | Sequence[dict[str, str]]
+
+
+@dataclass
+class GenerationResponse:
+    """One verification step of a generation, with running totals."""
+
+    text: str  # text completed by this step
+    tokens: list[int]  # token ids emitted by this step
+    from_draft: int  # how many of ``tokens`` were drafted and accepted
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int  # emitted so far
+    generation_tps: float
+    steps: int  # verification passes so far
+    mean_accepted: float  # tokens per step so far (accepted drafts + the bonus token)
+    draft_ms: float  # total drafting time so far
+    verify_ms: float  # total verification time so far
+    finish_reason: str | None = None  # "stop", "length" or None
+    token_ids: list[int] = field(default_factory=list)  # all emitted ids, on the last response
+
+    @property
+    def token(self) -> int:
+        return self.tokens[-1]
+
+
+class Model:
+    """A loaded model: backend (weights + KV cache), tokenizer and decoder.
+
+    Not thread-safe on its own: one generation at a time (``draftwise.Session`` adds a lock).
+    """
+
+    def __init__(self, backend: Backend, tokenizer: Tokenizer, model_dir: Path) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.model_dir = model_dir
+        self.decoder = Decoder(backend)
+        self.drafters: dict[str, Drafter] = {}  # named drafters keep their state
+
+    def drafter(self, spec: str | Drafter, **options: Any) -> Drafter:
+        """The drafter for ``spec``: a Drafter is used as is; a name gives this model's
+        long-lived drafter of that name (created on first use with ``options``)."""
+        if not isinstance(spec, str):
+            return spec
+        if options or spec not in self.drafters:
+            self.drafters[spec] = make_drafter(spec, **options)
+        return self.drafters[spec]
+
+    def encode_prompt(self, prompt: Prompt, chat_template: bool = True) -> list[int]:
+        """Token ids for a string (chat template applied when the model has one and
+        ``chat_template``), a message list, or ids given directly."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise DraftwiseError("the prompt is empty: give some text")
+            if chat_template and self.tokenizer.has_chat_template:
+                return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
+        items = list(prompt)
+        if not items:
+            raise DraftwiseError("the prompt is empty: give some text")
+        if all(isinstance(m, dict) for m in items):
+            for m in items:
+                if "role" not in m or "content" not in m:
+                    raise DraftwiseError(f"chat message needs 'role' and 'content': {m!r}")
+            return self.tokenizer.encode_chat(list(items))  # type: ignore[arg-type]
+        ids = [int(t) for t in items]  # type: ignore[arg-type]
+        bad = [t for t in ids if not 0 <= t < self.backend.vocab_size]
+        if bad:
+            raise DraftwiseError(f"token id {bad[0]} is outside the vocabulary (0..{self.backend.vocab_size - 1})")
+        return ids
+
+
+def load(
+    model: str | os.PathLike[str] | None = None,
+    backend: str = "auto",
+    dtype: str | None = None,
+) -> Model:
+    """Load a model: ``None`` for the embedded default, a local HF-format directory, or a
+    GGUF file (converted once into the cache). ``backend``: auto, torch, cuda or mlx."""
+    model_dir = resolve_model(model)
+    be = make_backend(backend, model_dir, dtype)
+    return Model(be, Tokenizer.from_dir(model_dir), model_dir)
+
+
+def stream_generate(
+    model: Model,
+    prompt: Prompt,
+    *,
+    drafter: str | Drafter = "cacheback",
+    max_tokens: int = 256,
+    temp: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    seed: int | None = None,
+    budget: int = 16,
+    chat_template: bool = True,
+    stop: Sequence[int] = (),
+) -> Iterator[GenerationResponse]:
+    """Generate from ``prompt``, yielding a ``GenerationResponse`` per step."""
+    params = SamplingParams(
+        temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p,
+        repetition_penalty=repetition_penalty,
+    )
+    if max_tokens < 1:
+        raise DraftwiseError(f"max_tokens must be >= 1, got {max_tokens}")
+    ids = model.encode_prompt(prompt, chat_template)
+    d = model.drafter(drafter)
+    detok = StreamingDetokenizer(model.tokenizer)
+    stop_ids = frozenset(model.tokenizer.eos_token_ids) | frozenset(stop)
+    t_start = time.perf_counter()
+    t_first: float | None = None
+    n_tokens = steps = from_draft_total = 0
+    draft_s = verify_s = 0.0
+    emitted: list[int] = []
+    for step in model.decoder.steps(
+        np.asarray(ids), d, params, max_tokens, seed=seed, stop_ids=stop_ids, budget=budget
+    ):
+        now = time.perf_counter()
+        if t_first is None:
+            t_first = now - step.verify_s - step.draft_s  # prefill ended before step one
+        steps += 1
+        n_tokens += len(step.tokens)
+        from_draft = min(step.accepted, len(step.tokens))
+        from_draft_total += from_draft
+        draft_s += step.draft_s
+        verify_s += step.verify_s
+        emitted += step.tokens
+        visible = [t for t in step.tokens if t not in stop_ids]
+        text = detok.add(visible)
+        if step.finish_reason is not None:
+            text += detok.finalize()
+        gen_time = max(now - t_first, 1e-9)
+        prompt_time = max(t_first - t_start, 1e-9)
+        yield GenerationResponse(
+            text=text,
+            tokens=step.tokens,
+            from_draft=from_draft,
+            prompt_tokens=len(ids),
+            prompt_tps=len(ids) / prompt_time,
+            generation_tokens=n_tokens,
+            generation_tps=n_tokens / gen_time,
+            steps=steps,
+            mean_accepted=n_tokens / steps,
+            draft_ms=draft_s * 1e3,
+            verify_ms=verify_s * 1e3,
+            finish_reason=step.finish_reason,
+            token_ids=list(emitted) if step.finish_reason is not None else [],
+        )
+
+
+def generate(model: Model, prompt: Prompt, **kwargs: Any) -> str:
+    """Generate and return the whole text (see ``stream_generate`` for the options)."""
+    return "".join(r.text for r in stream_generate(model, prompt, **kwargs))

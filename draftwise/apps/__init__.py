@@ -1,0 +1,1 @@
+"""Command-line apps: generate, bench, chat, serve (``draftwise --help``)."""
