@@ -1,15 +1,19 @@
-"""Cacheback (seed 000): LRU tables of token n-grams as the only drafter.
+"""Cacheback (seed 000): n-gram tables of tokens as the only drafter.
 
-The table maps a *leader* (the last LL tokens) to up to FC *followers* (the FL tokens
-seen right after it), and holds at most LC leaders. Both evictions are least recently
-used. A leader's recency is refreshed by queries and insertions; a follower's only by
-insertion, and only against its own leader's followers (§3.1).
+Two tables map a *leader* (the last LL tokens) to *followers* (the FL tokens seen right
+after it): the dynamic ``LRUTable`` learns from the prompt and the accepted tokens
+(§3.1), the optional ``FrozenTable`` holds frequent n-grams of a corpus and never
+changes (§3.3).
 
-Drafting grows a tree breadth-first: query the table with the last LL tokens of the
-context, hang each follower below the root as a chain of FL nodes, then query again
-with the last LL tokens of every new leaf, until the table has nothing more or the tree
-holds ``budget`` nodes (TDL minus the uncached root). The first level may use at most
-``budget - CRT`` nodes, so CRT nodes stay reserved for depth (§3.2).
+Drafting grows a tree breadth-first: query with the last LL tokens of the context, hang
+each follower below the root as a chain of FL nodes, then query again with the last LL
+tokens of every new leaf, until the tables have nothing more or the tree holds
+``budget`` nodes (TDL minus the uncached root). For every node the dynamic table's
+followers come first (most recent first), then the frozen table's (most frequent first);
+a follower already in the tree adds nothing. The first level may use at most
+``budget - CRT`` nodes, so CRT nodes stay reserved for depth (§3.2). ``table`` picks the
+configuration of the paper's Table 1: ``"dual"``, ``"dynamic"`` (no frozen table) or
+``"frozen"`` (frozen table only; the dynamic one is still updated, just not queried).
 
 Example (LL=1, FL=2)::
 
@@ -18,80 +22,34 @@ Example (LL=1, FL=2)::
     >>> t = d.propose(np.array([9, 1]), budget=4)
     >>> t.tokens.tolist(), t.parents.tolist()       # 1 -> (2,4) newest first, (2,3); 3 -> (1,...)
     ([2, 4, 3, 1], [-1, 0, 0, 2])
+    >>> frozen = FrozenTable(np.array([[1]]), np.array([0, 1]), np.array([[5, 6]]))
+    >>> d = Cacheback(ll=1, fl=2, frozen=frozen)
+    >>> d.begin(np.array([1, 2, 3]))
+    >>> d.propose(np.array([1]), budget=4).tokens.tolist()   # dynamic (2,3), then frozen (5,6)
+    [2, 5, 3, 6]
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Iterator
+import os
+from collections import deque
 
 import numpy as np
 
+from draftwise.core.drafters.frozen_table import FrozenTable
+from draftwise.core.drafters.lru_table import Gram, LRUTable
 from draftwise.core.tree import DraftTree, TreeBuilder
 from draftwise.errors import DraftwiseError
 
-Gram = tuple[int, ...]
-
-
-class LRUTable:
-    """Leader -> followers with LRU eviction at LC leaders and FC followers per leader."""
-
-    def __init__(self, ll: int = 1, fl: int = 3, lc: int = 1 << 16, fc: int = 32) -> None:
-        for name, value in (("ll", ll), ("fl", fl), ("lc", lc), ("fc", fc)):
-            if int(value) < 1:
-                raise DraftwiseError(f"cacheback {name} must be >= 1, got {value!r}")
-        self.ll, self.fl, self.lc, self.fc = int(ll), int(fl), int(lc), int(fc)
-        # leader -> followers; both OrderedDicts run from least to most recent
-        self._table: OrderedDict[Gram, OrderedDict[Gram, None]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._table)
-
-    def clear(self) -> None:
-        self._table.clear()
-
-    def insert(self, leader: Gram, follower: Gram) -> None:
-        followers = self._table.get(leader)
-        if followers is None:
-            if len(self._table) >= self.lc:
-                self._table.popitem(last=False)  # evict the LRU leader
-            followers = self._table[leader] = OrderedDict()
-        else:
-            self._table.move_to_end(leader)
-        if follower in followers:
-            followers.move_to_end(follower)
-        else:
-            if len(followers) >= self.fc:
-                followers.popitem(last=False)  # evict this leader's LRU follower
-            followers[follower] = None
-
-    def query(self, leader: Gram) -> list[Gram]:
-        """Followers of ``leader``, most recent first; refreshes the leader's recency."""
-        followers = self._table.get(leader)
-        if followers is None:
-            return []
-        self._table.move_to_end(leader)
-        return list(reversed(followers))
-
-    def insert_windows(self, tokens: list[int], first: int) -> None:
-        """Insert every (leader, follower) window whose follower starts at index >= first
-        and ends inside ``tokens``: the sliding window of §3.2."""
-        ll, fl = self.ll, self.fl
-        for i in range(max(first, ll), len(tokens) - fl + 1):
-            self.insert(tuple(tokens[i - ll : i]), tuple(tokens[i : i + fl]))
-
-    def items(self) -> Iterator[tuple[Gram, list[Gram]]]:
-        """(leader, followers least recent first), leaders least recent first."""
-        for leader, followers in self._table.items():
-            yield leader, list(followers)
-
-    def token_count(self) -> int:
-        """Tokens held: the quantity the paper bounds by LL*LC + FL*LC*FC."""
-        return sum(self.ll + self.fl * len(f) for f in self._table.values())
+TABLE_MODES = ("dual", "dynamic", "frozen")
 
 
 class Cacheback:
-    """The Cacheback drafter over a dynamic LRU table (the frozen table comes later)."""
+    """The Cacheback drafter: a dynamic LRU table, optionally backed by a frozen table.
+
+    ``frozen`` is a loaded ``FrozenTable``; or give ``frozen_path`` and ``tokenizer_id``
+    (``Tokenizer.identity()``) to load one, refused if built for another tokenizer.
+    """
 
     name = "cacheback"
 
@@ -102,13 +60,37 @@ class Cacheback:
         lc: int = 1 << 16,
         fc: int = 32,
         crt: int = 4,
+        frozen: FrozenTable | None = None,
+        table: str = "dual",
+        frozen_path: str | os.PathLike[str] | None = None,
+        tokenizer_id: str | None = None,
     ) -> None:
-        if crt < 0:
-            raise DraftwiseError(f"cacheback crt must be >= 0, got {crt!r}")
+        if not isinstance(crt, (int, np.integer)) or crt < 0:
+            raise DraftwiseError(f"cacheback crt must be an integer >= 0, got {crt!r}")
+        if table not in TABLE_MODES:
+            raise DraftwiseError(f"cacheback table must be one of {TABLE_MODES}, got {table!r}")
+        if frozen_path is not None:
+            if frozen is not None:
+                raise DraftwiseError("give cacheback either frozen or frozen_path, not both")
+            if tokenizer_id is None:
+                raise DraftwiseError(
+                    f"cacheback frozen_path={os.fspath(frozen_path)!r} needs tokenizer_id "
+                    "(the model tokenizer's identity()) to check the table matches"
+                )
+            frozen = FrozenTable.load(frozen_path, tokenizer_id)
+        if table == "frozen" and frozen is None:
+            raise DraftwiseError("cacheback table='frozen' needs a frozen table (frozen_path)")
+        if frozen is not None and frozen.ll != ll:
+            raise DraftwiseError(
+                f"the frozen table has leader length {frozen.ll} but cacheback ll={ll}"
+            )
         self.table = LRUTable(ll, fl, lc, fc)
+        self.frozen = frozen
+        self.mode = table
         self.crt = int(crt)
 
     def reset(self) -> None:
+        """Forget the dynamic table (the frozen table stays)."""
         self.table.clear()
 
     def begin(self, prompt: np.ndarray) -> None:
@@ -125,6 +107,8 @@ class Cacheback:
         ll = self.table.ll
         if budget <= 0 or context.size < ll:
             return DraftTree.empty()
+        dynamic = self.mode != "frozen"
+        frozen = self.frozen if self.mode != "dynamic" else None
         builder = TreeBuilder()
         first_limit = budget - self.crt if budget > self.crt else budget
         queue: deque[tuple[int, Gram]] = deque([(-1, tuple(context[-ll:].tolist()))])
@@ -132,7 +116,12 @@ class Cacheback:
         while queue and len(builder) < budget:
             node, leader = queue.popleft()
             limit = first_limit if node < 0 else budget
-            for follower in self.table.query(leader):
+            followers = self.table.query(leader) if dynamic else []
+            if frozen is not None and len(builder) < limit:
+                # each frozen follower not among the dynamic ones adds >= 1 node (exact
+                # when both tables share FL), so more than this could never fit
+                followers += frozen.query(leader, limit - len(builder) + len(followers))
+            for follower in followers:
                 if len(builder) >= limit:
                     break
                 end, complete = builder.add_path(node, follower, limit=limit)
@@ -140,3 +129,27 @@ class Cacheback:
                     seen.add(end)
                     queue.append((end, (leader + follower)[-ll:]))
         return builder.build(budget)
+
+    # ----- memory and persistence --------------------------------------------------------
+    def nbytes(self) -> int:
+        """Estimated bytes of both tables."""
+        return self.table.nbytes() + (self.frozen.nbytes if self.frozen is not None else 0)
+
+    def save(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
+        """Save the dynamic table (LRU order kept; atomic). The frozen table is a separate
+        read-only file and is not saved here."""
+        self.table.save(path, tokenizer_id)
+
+    def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
+        """Replace the dynamic table by one saved with :meth:`save`. On any error the
+        drafter and the file are left as they were."""
+        table = LRUTable.load(path, tokenizer_id)
+        if self.frozen is not None and table.ll != self.frozen.ll:
+            raise DraftwiseError(
+                f"table file '{os.fspath(path)}' has leader length {table.ll} but the frozen "
+                f"table has {self.frozen.ll}"
+            )
+        self.table = table
+
+
+__all__ = ["Cacheback", "FrozenTable", "LRUTable", "TABLE_MODES"]
