@@ -136,6 +136,27 @@ class DraftTree:
             node = int(self.parents[node])
         return out[::-1]
 
+    def sibling_rank(self) -> np.ndarray:
+        """(N,) position of each node among its parent's children (0 = first listed)."""
+        rank = np.zeros(self.tokens.size, np.int64)
+        seen: dict[int, int] = {}
+        for i, p in enumerate(self.parents.tolist()):
+            rank[i] = seen.get(p, 0)
+            seen[p] = rank[i] + 1
+        return rank
+
+    def subset(self, keep: np.ndarray) -> DraftTree:
+        """The tree of the nodes ``keep`` (indices; every kept node's parent must be kept
+        too), in their original relative order."""
+        keep = np.sort(np.asarray(keep, np.int64))
+        remap = np.full(self.tokens.size + 1, -1, np.int64)  # last slot maps the root (-1)
+        remap[keep] = np.arange(keep.size)
+        parents = self.parents[keep]
+        if np.any((parents >= 0) & (remap[parents] < 0)):
+            raise DraftwiseError("a subset of a draft tree must keep every kept node's parent")
+        src = self.source[keep] if self.source is not None else None
+        return DraftTree(self.tokens[keep], remap[parents], src)
+
     def is_chain(self) -> bool:
         return bool(np.array_equal(self.parents, np.arange(-1, self.tokens.size - 1)))
 
@@ -212,3 +233,23 @@ class TreeBuilder:
         tokens = np.asarray(self.tokens, np.int64)[order]
         sources = np.asarray(self.sources, np.int16)[order]
         return DraftTree(tokens, new_parents, sources)
+
+
+def merge_trees(trees: Sequence[DraftTree], budget: int | None = None) -> DraftTree:
+    """Merge trees rooted at the same context into one, deduplicating shared prefixes.
+    Earlier trees win ties: the result is breadth-first, and within a depth the first
+    tree's nodes come first, so cutting to ``budget`` favours them. A node's ``source``
+    is the index of the first tree that proposed it.
+
+    Example::
+
+        >>> a = DraftTree.chain([1, 2]); b = DraftTree.chain([1, 3])
+        >>> m = merge_trees([a, b]); m.tokens.tolist(), m.parents.tolist()
+        ([1, 2, 3], [-1, 0, 0])
+    """
+    builder = TreeBuilder()
+    for k, tree in enumerate(trees):
+        mapped = np.empty(len(tree), np.int64)
+        for i, (tok, par) in enumerate(zip(tree.tokens.tolist(), tree.parents.tolist())):
+            mapped[i], _ = builder.add(int(mapped[par]) if par >= 0 else -1, tok, k)
+    return builder.build(budget)

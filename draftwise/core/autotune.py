@@ -1,0 +1,228 @@
+"""Auto-tuning: each step, verify the part of the draft tree that pays for itself.
+
+Two models decide the tree:
+
+- ``CostModel``: the measured latency of verifying ``r`` rows at context length ``c`` on
+  this device (``draftwise tune`` measures it; ``cost(r, c)`` interpolates).
+- ``AcceptanceModel``: for each drafter, depth and sibling rank, the probability that a
+  node is accepted given that its parent was, as Beta-smoothed, slowly forgetting counts.
+
+Given the drafters' full tree, a node's chance of being accepted is the product of the
+conditional probabilities on its path. Taking nodes best-first (a path never gains
+probability, so parents come before children), ``n`` nodes give ``1 + sum(p)`` expected
+tokens for ``cost(n + 1)`` time; ``choose_subtree`` keeps the ``n`` that maximises their
+ratio, and ``n = 0`` (plain decoding) when no tree pays for itself.
+
+Learning needs no verification: every proposed tree (pruned or not) is scored later
+against the tokens the model actually emitted, so a drafter that is switched off keeps
+being evaluated and comes back when it starts to guess well again.
+
+Example: a flat cost curve keeps the whole tree, a steep one keeps nothing::
+
+    >>> t = DraftTree.chain([1, 2, 3])
+    >>> acc = AcceptanceModel(prior=(1.0, 1.0))         # p = 0.5 per node
+    >>> flat = CostModel(rows=[1, 64], ms=[10.0, 10.0])
+    >>> len(choose_subtree(t, acc, flat, context_len=100))
+    3
+    >>> steep = CostModel(rows=[1, 64], ms=[10.0, 640.0])
+    >>> len(choose_subtree(t, acc, steep, context_len=100))
+    0
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from draftwise.core.drafters.base import Drafter
+from draftwise.core.tree import DraftTree, merge_trees
+from draftwise.errors import DraftwiseError
+
+
+class CostModel:
+    """Verify latency in ms for ``rows`` rows, per context length (piecewise linear)."""
+
+    def __init__(
+        self,
+        rows: Sequence[int],
+        ms: Sequence[float] | Sequence[Sequence[float]],
+        contexts: Sequence[int] = (0,),
+        meta: dict[str, str] | None = None,
+    ) -> None:
+        self.rows = np.asarray(rows, np.float64)  # (R,) increasing
+        table = np.asarray(ms, np.float64)
+        self.ms = table.reshape(len(contexts), self.rows.size)  # (C, R)
+        self.contexts = np.asarray(contexts, np.float64)  # (C,) increasing
+        self.meta = dict(meta or {})
+        if self.rows.size < 2 or np.any(np.diff(self.rows) <= 0) or np.any(self.ms <= 0):
+            raise DraftwiseError("a cost curve needs >= 2 increasing row counts and positive times")
+
+    def cost(self, rows: int | np.ndarray, context_len: int) -> np.ndarray:
+        """Latency (ms) of verifying ``rows`` rows (vectorised) at ``context_len``."""
+        r = np.asarray(rows, np.float64)
+        per_ctx = []
+        for curve in self.ms:
+            slope = (curve[-1] - curve[-2]) / (self.rows[-1] - self.rows[-2])
+            inside = np.interp(r, self.rows, curve)
+            per_ctx.append(np.where(r > self.rows[-1], curve[-1] + slope * (r - self.rows[-1]), inside))
+        if len(per_ctx) == 1:
+            return per_ctx[0]
+        stacked = np.stack(per_ctx)  # (C, ...)
+        c = float(np.clip(context_len, self.contexts[0], self.contexts[-1]))
+        j = int(np.clip(np.searchsorted(self.contexts, c) - 1, 0, self.contexts.size - 2))
+        w = (c - self.contexts[j]) / (self.contexts[j + 1] - self.contexts[j])
+        return (1 - w) * stacked[j] + w * stacked[j + 1]
+
+    def to_json(self) -> dict[str, object]:
+        return {"version": 1, "rows": self.rows.astype(int).tolist(), "contexts":
+                self.contexts.astype(int).tolist(), "ms": self.ms.tolist(), "meta": self.meta}
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write atomically (temp file + rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CostModel:
+        try:
+            data = json.loads(Path(path).read_text())
+            if data.get("version") != 1:
+                raise ValueError(f"version {data.get('version')!r}")
+            return cls(data["rows"], data["ms"], data["contexts"], data.get("meta"))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DraftwiseError(f"bad cost profile '{path}': {exc} (re-run 'draftwise tune')") from None
+
+
+class AcceptanceModel:
+    """P(node accepted | parent accepted) per (source, depth, sibling rank)."""
+
+    def __init__(
+        self,
+        n_sources: int = 1,
+        max_depth: int = 16,
+        max_rank: int = 8,
+        prior: tuple[float, float] = (1.0, 3.0),
+        decay: float = 0.998,
+    ) -> None:
+        shape = (n_sources, max_depth, max_rank)
+        self.hits = np.full(shape, prior[0], np.float64)
+        self.tries = np.full(shape, prior[0] + prior[1], np.float64)
+        self.prior = prior
+        self.decay = decay
+
+    def _index(self, tree: DraftTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n_src, n_depth, n_rank = self.hits.shape
+        src = tree.source if tree.source is not None else np.zeros(len(tree), np.int16)
+        return (
+            np.minimum(src.astype(np.int64), n_src - 1),
+            np.minimum(tree.depth - 1, n_depth - 1),
+            np.minimum(tree.sibling_rank(), n_rank - 1),
+        )
+
+    def node_probs(self, tree: DraftTree) -> np.ndarray:
+        """(N,) conditional acceptance probability of each node."""
+        i = self._index(tree)
+        return self.hits[i] / self.tries[i]
+
+    def observe(self, tree: DraftTree, emitted: np.ndarray) -> None:
+        """Score ``tree`` against the tokens the model emitted after its root: a node is
+        *reached* when its parent's path matches, *accepted* when its token matches too."""
+        if len(tree) == 0 or emitted.size == 0:
+            return
+        depth = tree.depth
+        known = depth <= emitted.size  # deeper nodes cannot be judged yet
+        ok = np.zeros(len(tree), bool)
+        for i, (p, d, tok) in enumerate(zip(tree.parents.tolist(), depth.tolist(), tree.tokens.tolist())):
+            if d <= emitted.size and (p < 0 or ok[p]):
+                ok[i] = tok == emitted[d - 1]
+        parent_ok = np.where(tree.parents >= 0, ok[np.maximum(tree.parents, 0)], True)
+        reached = known & parent_ok
+        if not reached.any():
+            return
+        self.hits = self.prior[0] + (self.hits - self.prior[0]) * self.decay
+        self.tries = sum(self.prior) + (self.tries - sum(self.prior)) * self.decay
+        s, d, r = (a[reached] for a in self._index(tree))
+        np.add.at(self.tries, (s, d, r), 1.0)
+        np.add.at(self.hits, (s, d, r), ok[reached].astype(np.float64))
+
+
+def choose_subtree(
+    tree: DraftTree, acc: AcceptanceModel, cost: CostModel, context_len: int
+) -> DraftTree:
+    """The best-first prefix of ``tree`` with the most expected tokens per ms."""
+    if len(tree) == 0:
+        return tree
+    p = acc.node_probs(tree)
+    path_p = np.empty(len(tree))
+    for i, parent in enumerate(tree.parents.tolist()):
+        path_p[i] = p[i] * (path_p[parent] if parent >= 0 else 1.0)
+    order = np.lexsort((np.arange(len(tree)), -path_p))  # best first, parents before children
+    gain = 1.0 + np.concatenate([[0.0], np.cumsum(path_p[order])])  # (N+1,) tokens per step
+    ms = cost.cost(np.arange(1, len(tree) + 2), context_len)  # (N+1,) verify time of n nodes
+    n = int(np.argmax(gain / ms))
+    return tree.subset(order[:n])
+
+
+class AutoDrafter:
+    """Combines drafters and verifies, each step, only the part of their tree that pays.
+
+    ``max_budget`` bounds what the members propose; the verified tree is chosen by
+    ``choose_subtree``. ``last_budget`` is the node count verified in the last step.
+    """
+
+    name = "auto"
+
+    def __init__(self, members: Sequence[Drafter], cost: CostModel, max_budget: int = 64) -> None:
+        if not members:
+            raise DraftwiseError("the auto drafter needs at least one member drafter")
+        self.members = list(members)
+        self.cost = cost
+        self.max_budget = max_budget
+        self.acc = AcceptanceModel(n_sources=len(self.members))
+        self.last_budget = 0
+        self._pending: deque[tuple[DraftTree, int]] = deque()  # (full tree, root index)
+        self._context_len = 0
+
+    def reset(self) -> None:
+        for m in self.members:
+            m.reset()
+        self.acc = AcceptanceModel(n_sources=len(self.members))
+        self._pending.clear()
+
+    def begin(self, prompt: np.ndarray) -> None:
+        self._pending.clear()
+        for m in self.members:
+            m.begin(prompt)
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        cap = min(budget, self.max_budget)
+        if cap <= 0:
+            self.last_budget = 0
+            return DraftTree.empty()
+        full = merge_trees([m.propose(context, cap) for m in self.members], cap)
+        self._pending.append((full, context.size))
+        chosen = choose_subtree(full, self.acc, self.cost, context.size)
+        self.last_budget = len(chosen)
+        return chosen
+
+    def update(self, context: np.ndarray, n_new: int) -> None:
+        for m in self.members:
+            m.update(context, n_new)
+        # score pending trees once every node's fate is known (or 8 steps later)
+        while self._pending:
+            tree, root_end = self._pending[0]
+            known = context.size - root_end
+            if known < tree.max_depth and len(self._pending) < 8:
+                break
+            self._pending.popleft()
+            self.acc.observe(tree, context[root_end : root_end + tree.max_depth])

@@ -1,0 +1,77 @@
+import numpy as np
+import pytest
+
+from draftwise.core.autotune import AcceptanceModel, AutoDrafter, CostModel, choose_subtree
+from draftwise.core.decode import Decoder
+from draftwise.core.drafters.base import NoDrafter
+from draftwise.core.drafters.cacheback import Cacheback
+from draftwise.core.sampling import SamplingParams
+from draftwise.core.tree import DraftTree
+from draftwise.errors import DraftwiseError
+from tests.fakes import FakeBackend
+
+
+def wide_tree():
+    return DraftTree.from_paths([[1, 2, 3, 4], [1, 5], [6, 7], [8], [9]])
+
+
+def test_steep_cost_shrinks_tree_flat_cost_grows_it():
+    acc = AcceptanceModel(prior=(3.0, 1.0))  # p = 0.75 per node
+    flat = CostModel(rows=[1, 2, 16, 64], ms=[50, 50, 51, 55])
+    steep = CostModel(rows=[1, 2, 16, 64], ms=[50, 100, 600, 2400])  # 2x for one more row
+    mid = CostModel(rows=[1, 2, 16, 64], ms=[50, 55, 400, 1600])  # one more row is cheap
+    t = wide_tree()
+    n_flat = len(choose_subtree(t, acc, flat, 100))
+    n_mid = len(choose_subtree(t, acc, mid, 100))
+    n_steep = len(choose_subtree(t, acc, steep, 100))
+    assert n_flat == len(t) and n_steep == 0 and 0 < n_mid < len(t)
+    low = AcceptanceModel(prior=(1.0, 99.0))  # drafts almost never accepted
+    assert len(choose_subtree(t, low, mid, 100)) == 0
+
+
+def test_chosen_subtree_is_best_first_and_valid():
+    acc = AcceptanceModel(prior=(3.0, 1.0))
+    mid = CostModel(rows=[1, 2, 16, 64], ms=[50, 52, 90, 300])
+    sub = choose_subtree(wide_tree(), acc, mid, 100)
+    assert all(p < i for i, p in enumerate(sub.parents.tolist()))
+    assert 1 in sub.tokens.tolist()  # the best-first nodes are the shallow first-rank ones
+
+
+def test_cost_interpolation_and_contexts(tmp_path):
+    c = CostModel(rows=[1, 9], ms=[[10, 20], [30, 60]], contexts=[0, 1000])
+    assert c.cost(5, 0) == pytest.approx(15)
+    assert c.cost(5, 1000) == pytest.approx(45)
+    assert c.cost(5, 500) == pytest.approx(30)
+    assert c.cost(17, 0) == pytest.approx(30)  # linear extrapolation
+    c.save(tmp_path / "p.json")
+    assert CostModel.load(tmp_path / "p.json").cost(5, 500) == pytest.approx(30)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(DraftwiseError, match="bad.json"):
+        CostModel.load(tmp_path / "bad.json")
+
+
+def test_acceptance_learns_counterfactually():
+    acc = AcceptanceModel(prior=(1.0, 1.0), decay=1.0)
+    t = DraftTree.from_paths([[1, 2], [3]])  # tokens [1, 3, 2]
+    for _ in range(50):
+        acc.observe(t, np.array([1, 2, 7]))
+    p = acc.node_probs(t)
+    assert p[0] > 0.9 and p[1] < 0.1 and p[2] > 0.9  # rank-0 depth-1 and depth-2 good
+    # an unreached node (parent rejected) is not counted
+    acc2 = AcceptanceModel(prior=(1.0, 1.0), decay=1.0)
+    acc2.observe(t, np.array([5, 2]))
+    assert acc2.node_probs(t)[2] == pytest.approx(0.5)
+
+
+def test_auto_identical_to_plain_and_adapts():
+    be = FakeBackend(vocab_size=6, sharpness=4.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    plain = [t for s in Decoder(be).steps(prompt, NoDrafter(), SamplingParams(), 60) for t in s.tokens]
+    flat = CostModel(rows=[1, 64], ms=[10, 10.5])
+    steep = CostModel(rows=[1, 2, 64], ms=[10, 30, 2000])
+    for cost, expect_spec in ((flat, True), (steep, False)):
+        auto = AutoDrafter([Cacheback()], cost)
+        steps = list(Decoder(be).steps(prompt, auto, SamplingParams(), 60))
+        assert [t for s in steps for t in s.tokens] == plain
+        drafted = sum(s.drafted for s in steps)
+        assert (drafted > 0) == expect_spec
