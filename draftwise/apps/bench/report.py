@@ -1,0 +1,198 @@
+"""Write the bench results: ``results.json`` (everything) and ``results.md`` (the tables).
+
+Files are written atomically (a temporary file in the same folder, then ``os.replace``),
+so a reader never sees half a file and an interrupted run leaves the last checkpoint.
+
+Example::
+
+    >>> text = render_markdown({"config": {"max_tokens": 8}, "summary": [], "skipped_peers": {}})
+    >>> text.splitlines()[0]
+    '# draftwise bench'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from draftwise.apps.bench.metrics import OVERALL
+
+TIMING_NOTE = (
+    "Timing: wall time per turn, measured around the whole generation from the "
+    "chat-templated prompt ids to the last token, prefill included (tokenization excluded). "
+    "The KV cache is cleared before every turn, so every method prefills each turn's whole "
+    "prompt, as the peers do. **speedup** = the method's mean tokens/s over the baseline "
+    "`none`'s mean tokens/s (Spec-Bench), from these total wall times; **median** = median of "
+    "per-turn ratios; **decode** = the same mean ratio with prefill time left out. "
+    "**MAT** = tokens per verification step, bonus token included. **identical** = turns "
+    "whose output equals the baseline's (token ids; decoded text for peers)."
+)
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` on a temporary path next to ``path``, then move it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text(path: Path, text: str) -> None:
+    def write(tmp: Path) -> None:
+        tmp.write_text(text, encoding="utf-8")
+
+    atomic_write(path, write)
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_info(backend_name: str) -> dict[str, Any]:
+    """CPU, core count, library versions and the GPU (when torch sees one).
+
+    Example::
+
+        >>> device_info("torch-cpu-float32")["backend"]
+        'torch-cpu-float32'
+    """
+    info: dict[str, Any] = {
+        "backend": backend_name,
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "sched_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {
+            d: _version(d) for d in ("draftwise", "numpy", "torch", "transformers", "mlx", "mlx-lm")
+        },
+        "gpu": None,
+    }
+    if "cuda" in backend_name:
+        import torch
+
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def _fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}{suffix}"
+
+
+def _table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    out = [
+        "| method | turns | tokens | tok/s | speedup | median | decode | MAT "
+        "| draft ms/step | verify ms/step | identical |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        ident = (
+            "n/a"
+            if r["identical_rate"] is None
+            else (f"{r['identical']}/{r['turns']} ({100 * r['identical_rate']:.0f}%)")
+        )
+        out.append(
+            f"| {r['method']} | {r['turns']} | {r['tokens']} | {_fmt(r['tokens_per_s'], 1)} "
+            f"| {_fmt(r['speedup'], 2, 'x')} | {_fmt(r['speedup_median'], 2, 'x')} "
+            f"| {_fmt(r['decode_speedup'], 2, 'x')} | {_fmt(r['mat'])} "
+            f"| {_fmt(r['draft_ms_per_step'])} | {_fmt(r['verify_ms_per_step'])} | {ident} |"
+        )
+    return out
+
+
+def _matrix(rows: Sequence[dict[str, Any]], categories: list[str]) -> list[str]:
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    cell = {(r["method"], r["category"]): r["speedup"] for r in rows}
+    out = ["| method | " + " | ".join(categories) + " |", "|---|" + "--:|" * len(categories)]
+    for m in methods:
+        vals = [_fmt(cell.get((m, c)), 2, "x") for c in categories]
+        out.append(f"| {m} | " + " | ".join(vals) + " |")
+    return out
+
+
+def _header(config: dict[str, Any]) -> list[str]:
+    c = config
+    mode = (
+        "lifetime: two passes through the prompts, drafters never reset"
+        if c.get("lifetime")
+        else "drafters reset before each prompt"
+    )
+    return [
+        f"Model `{c.get('model_dir')}` on backend `{c.get('backend')}`; prompts "
+        f"`{c.get('prompts')}` ({c.get('items')} items, {c.get('turns')} turns per method "
+        f"and pass); max tokens {c.get('max_tokens')}, temperature {c.get('temp')}, "
+        f"budget {c.get('budget')}, repeats {c.get('repeats')} (median time kept); {mode}.",
+    ]
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    """The results.md text: header, timing note, overall and per-category tables."""
+    config = results.get("config", {})
+    summary = results.get("summary", [])
+    lines = ["# draftwise bench", "", *_header(config), "", TIMING_NOTE, ""]
+    if not results.get("complete", True):
+        lines += ["**Partial results: the run did not finish.**", ""]
+    passes = sorted({r["pass_no"] for r in summary})
+    for p in passes:
+        rows = [r for r in summary if r["pass_no"] == p]
+        title = (
+            ""
+            if len(passes) == 1
+            else (
+                " - pass 1 (fresh drafters)" if p == 1 else f" - pass {p} (drafters carried over)"
+            )
+        )
+        cats = list(dict.fromkeys(r["category"] for r in rows))
+        lines += [f"## Overall{title}", ""]
+        lines += _table([r for r in rows if r["category"] == OVERALL]) + [""]
+        lines += [f"## Speedup by category{title}", "", *_matrix(rows, cats), ""]
+        for cat in cats:
+            if cat == OVERALL:
+                continue
+            lines += [f"### {cat}{title}", ""]
+            lines += _table([r for r in rows if r["category"] == cat]) + [""]
+    skipped = results.get("skipped_peers") or {}
+    if skipped:
+        lines += ["## Skipped peers", ""] + [f"- {k}: {v}" for k, v in skipped.items()] + [""]
+    dev = results.get("device")
+    if dev:
+        versions = ", ".join(f"{k} {v}" for k, v in dev.get("versions", {}).items() if v)
+        lines += [
+            "## Device",
+            "",
+            f"- CPU: {dev.get('cpu')} ({dev.get('cpu_count')} cores, "
+            f"{dev.get('sched_cpus')} usable)",
+            f"- GPU: {dev.get('gpu') or 'none'}",
+            f"- {dev.get('platform')}, Python {dev.get('python')}",
+            f"- {versions}",
+            "",
+        ]
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""`draftwise bench` end to end on the real default model (slow: minutes on a busy CPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
+pytest.importorskip("torch")
+pytest.importorskip("matplotlib")
+
+PROMPTS = [
+    {"id": "qa-1", "category": "qa", "turns": ["Who wrote the play Hamlet?"]},
+    {"id": "qa-2", "category": "qa", "turns": ["What is the capital of France?"]},
+    {"id": "w-1", "category": "writing", "turns": ["Write a haiku.", "Another one."]},
+]
+
+
+def test_bench_writes_four_files(default_model_dir: Path, tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps(r) for r in PROMPTS) + "\n")
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "draftwise",
+            "bench",
+            "--prompts",
+            str(prompts),
+            "--limit",
+            "1",
+            "--categories",
+            "qa",
+            "--max-tokens",
+            "8",
+            "--drafters",
+            "none,cacheback",
+            "--peers",
+            "hf",
+            "--backend",
+            "torch",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert r.returncode == 0, r.stderr
+    for name in ("results.json", "results.md", "speedup.png", "accept_hist.png"):
+        assert (out / name).is_file(), name
+    for name in ("speedup.png", "accept_hist.png"):
+        img = imread(out / name)
+        assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    res = json.loads((out / "results.json").read_text())
+    assert res["complete"] is True
+    recs = res["records"]
+    assert sorted(x["method"] for x in recs) == ["cacheback", "hf", "none"]
+    assert all(x["prompt_id"] == "qa-1" and 0 < x["tokens"] <= 8 for x in recs)
+    assert all(x["identical"] for x in recs if x["method"] == "cacheback")  # lossless
+    md = (out / "results.md").read_text()
+    assert "| cacheback |" in md and "prefill included" in md
