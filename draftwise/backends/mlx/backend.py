@@ -1,0 +1,158 @@
+"""``MLXBackend``: the ``draftwise.core.backend.Backend`` protocol on MLX (mlx-lm weights).
+
+Runs ``llama.Llama.forward`` on MLX's default device (Metal on Apple silicon, else the
+CPU). Every ``verify`` is ONE lazy forward over ``[root, tree nodes]`` and ONE
+``mx.eval`` (argmax, plus the float32 logits when asked for); ``commit`` gathers the
+kept rows' K/V into place lazily and starts it with ``mx.async_eval`` so the copy
+overlaps the drafter's host work.
+
+Example::
+
+    be = MLXBackend.from_pretrained("path/to/hf_dir", dtype="float32")
+    be.prefill(np.array(prompt[:-1]))
+    out = be.verify(prompt[-1], DraftTree.empty(), need_logits=False)
+    be.commit(np.array([0]))
+    next_token = int(out.argmax[0])
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from draftwise.backends.mlx.llama import Llama
+from draftwise.backends.mlx.load import context_window, default_dtype, has_gpu, load_module
+from draftwise.core.backend import Verified
+from draftwise.core.tree import DraftTree
+from draftwise.errors import DraftwiseError
+
+PREFILL_CHUNK = 256  # rows per prefill forward: bounds activations and the eval graph
+DEFAULT_MAX_CACHE = 8192  # positions served when max_cache_len is not given
+
+
+class MLXBackend:
+    """A llama-family mlx-lm model and its KV cache (batch size 1)."""
+
+    def __init__(
+        self, module: nn.Module, cfg: dict[str, Any], dtype: str, max_cache_len: int
+    ) -> None:
+        self.model = Llama(module, cfg, max_cache_len)
+        self.dtype = dtype
+        self.name = f"mlx-{'gpu' if has_gpu() else 'cpu'}-{dtype}"
+        self.vocab_size = self.model.vocab_size
+        self.context_limit = max_cache_len
+        self._len = 0
+        self._pending = 0  # rows written by the last verify, 0 once committed
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: str | Path,
+        dtype: str | None = None,
+        max_cache_len: int | None = None,
+    ) -> MLXBackend:
+        """Load an HF- or MLX-format llama/mistral/qwen2 dir; ``dtype`` is float32,
+        float16, bfloat16, 4bit or 8bit (None: 4bit with a GPU, float32 on the CPU)."""
+        if max_cache_len is not None and max_cache_len < 1:
+            raise DraftwiseError(f"max_cache_len must be positive, got {max_cache_len}")
+        dtype = dtype or default_dtype()
+        module, cfg = load_module(model_dir, dtype)
+        cap = max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE
+        return cls(module, cfg, dtype, min(context_window(cfg), cap))
+
+    # ----- cache bookkeeping -----------------------------------------------------------
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        # Nothing to clear: slots past cache_len are never read before being rewritten.
+        self._len = 0
+        self._pending = 0
+
+    def trim(self, n: int) -> None:
+        if not 0 <= n <= self._len:
+            raise DraftwiseError(f"cannot trim the cache to {n} tokens: it holds {self._len}")
+        self._len = n
+        self._pending = 0
+
+    def _check_room(self, what: str, n: int) -> None:
+        if self._len + n > self.context_limit:
+            raise DraftwiseError(
+                f"{what} of {n} tokens after {self._len} cached exceeds the context "
+                f"limit {self.context_limit}"
+            )
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        # MLX does not bounds-check gathers: an out-of-range id would read garbage.
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = ids[(ids < 0) | (ids >= self.vocab_size)][0]
+            raise DraftwiseError(f"token id {bad} outside the vocabulary (size {self.vocab_size})")
+
+    # ----- forward passes --------------------------------------------------------------
+    def prefill(self, tokens: np.ndarray) -> None:
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        self._check_room("prefill", ids.size)
+        self._check_ids(ids)
+        self._pending = 0
+        for s in range(0, ids.size, PREFILL_CHUNK):
+            chunk = mx.array(ids[s : s + PREFILL_CHUNK].astype(np.int32))  # (t,)
+            t = chunk.shape[0]
+            mask = "causal" if t > 1 else None  # bottom-right aligned: sees the cache
+            self.model.forward(chunk, self._len, self._len, mask, need_logits=False)
+            mx.eval(self.model.cache_arrays())  # nothing else depends on the K/V
+            self._len += t
+
+    def verify(self, root: int, tree: DraftTree, need_logits: bool) -> Verified:
+        n1 = len(tree) + 1
+        self._check_room("verify", n1)
+        start = self._len
+        host = np.empty(n1, dtype=np.int64)  # (N+1,)
+        host[0] = root
+        host[1:] = tree.tokens
+        self._check_ids(host)
+        tokens = mx.array(host.astype(np.int32))  # (N+1,)
+        positions: int | mx.array = start
+        mask: mx.array | None = None
+        if n1 > 1:  # a single row sees the whole cache at position `start`: no mask
+            positions = mx.array((start + tree.verify_positions()).astype(np.int32))  # (N+1,)
+            full = np.ones((n1, start + n1), dtype=bool)  # (N+1, start + N+1)
+            full[:, start:] = tree.verify_mask()
+            mask = mx.array(full)
+        logits = self.model.forward(tokens, positions, start, mask, need_logits=True)
+        assert logits is not None  # need_logits=True always returns logits
+        argmax = mx.argmax(logits, axis=-1)  # (N+1,) uint32
+        self._pending = n1
+        if not need_logits:
+            mx.eval(argmax)
+            return Verified(argmax=np.array(argmax).astype(np.int64))
+        logits32 = logits.astype(mx.float32)  # (N+1, V)
+        mx.eval(argmax, logits32)
+        return Verified(argmax=np.array(argmax).astype(np.int64), logits=np.array(logits32))
+
+    def commit(self, keep: np.ndarray) -> None:
+        keep = np.asarray(keep, dtype=np.int64).reshape(-1)
+        if not self._pending:
+            raise DraftwiseError("commit() without a preceding verify()")
+        if (
+            keep.size == 0
+            or keep[0] != 0
+            or keep.max() >= self._pending
+            or np.any(np.diff(keep) <= 0)
+        ):
+            raise DraftwiseError(
+                f"commit rows {keep.tolist()} must start at 0 and increase below {self._pending}"
+            )
+        k = int(keep.size)
+        # Rows 0..k-1 kept in order (plain decoding, an accepted chain prefix) are already
+        # in place; otherwise gather the kept slots down, lazily, in every layer.
+        if keep[-1] != k - 1:
+            src = mx.array((self._len + keep).astype(np.int32))  # (K,)
+            self.model.move_slots(src, self._len)
+            mx.async_eval(self.model.cache_arrays())
+        self._len += k
+        self._pending = 0

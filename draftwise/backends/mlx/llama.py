@@ -1,0 +1,131 @@
+"""A llama-family forward on an mlx-lm module's weights, with our own KV cache.
+
+mlx-lm's ``Model.__call__`` builds a causal mask and takes RoPE positions from
+``cache.offset``, so it cannot verify a tree (rows at repeated positions, a tree mask).
+``Llama.forward`` drives the module's submodules itself: embed -> per layer (norm, our
+attention, the module's MLP) -> norm -> lm_head. Quantized layers work unchanged because
+only their ``__call__`` is used.
+
+Positions: ``mx.fast.rope`` accepts a vector of offsets, one per batch entry, so a tree
+is rotated in ONE call by viewing its ``T`` rows as a batch of ``T`` length-1 sequences,
+each at its own position (the layer's own RoPE module, so llama3/linear scaling apply).
+
+Cache: per layer one K and one V array ``(1, H_kv, T_alloc, D)``, grown in chunks and
+written by slot (slice update, done in place by MLX when nothing else holds the array).
+Rejected rows are simply overwritten by the next step.
+
+Example::
+
+    llama = Llama(module, cfg, max_cache_len=1024)
+    logits = llama.forward(mx.array([1, 2, 3]), positions=0, start=0, mask="causal",
+                           need_logits=True)  # (3, V)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+GROW = 256  # cache slots added at a time (mlx-lm's KVCache.step)
+
+Mask = mx.array | str | None
+
+
+class Llama:
+    """An mlx-lm llama/mistral/qwen2 module plus a KV cache; batch size 1."""
+
+    def __init__(self, module: nn.Module, cfg: dict[str, Any], max_cache_len: int) -> None:
+        self.module = module
+        inner = module.model  # LlamaModel / Qwen2Model: embed_tokens, layers, norm
+        self.embed = inner.embed_tokens
+        self.layers = list(inner.layers)
+        self.norm = inner.norm
+        self.tied = bool(module.args.tie_word_embeddings)
+        attn = self.layers[0].self_attn
+        self.n_heads, self.n_kv_heads = int(attn.n_heads), int(attn.n_kv_heads)
+        self.head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+        self.vocab_size = int(cfg["vocab_size"])
+        self.max_cache_len = max_cache_len
+        self.dtype = inner.norm.weight.dtype  # activations and cache (scales' dtype if quantized)
+        self.keys: list[mx.array] = []  # per layer (1, H_kv, T_alloc, D)
+        self.values: list[mx.array] = []  # per layer (1, H_kv, T_alloc, D)
+        self.alloc = 0
+
+    def ensure(self, end: int) -> None:
+        """Grow the cache arrays to hold at least ``end`` slots."""
+        if end <= self.alloc:
+            return
+        new = min(self.max_cache_len, ((end + GROW - 1) // GROW) * GROW)
+        shape = (1, self.n_kv_heads, new - self.alloc, self.head_dim)
+        for store in (self.keys, self.values):
+            if not store:
+                store.extend(mx.zeros(shape, dtype=self.dtype) for _ in self.layers)
+                continue
+            for li, arr in enumerate(store):
+                pad = mx.zeros(shape, dtype=self.dtype)  # (1, H_kv, grow, D)
+                store[li] = mx.concatenate([arr, pad], axis=2)  # (1, H_kv, new, D)
+        self.alloc = new
+
+    def _rope(self, rope: nn.Module, x: mx.array, positions: int | mx.array, h: int) -> mx.array:
+        """x: (1, T, h D) projections -> (1, h, T, D) rotated at ``positions``."""
+        t = x.shape[1]
+        if isinstance(positions, int):  # contiguous rows from ``positions``
+            x = x.reshape(1, t, h, self.head_dim).transpose(0, 2, 1, 3)  # (1, h, T, D)
+            return rope(x, offset=positions)
+        # Per-row positions: T rows as a batch of T length-1 sequences.
+        x = rope(x.reshape(t, h, 1, self.head_dim), offset=positions)  # (T, h, 1, D)
+        return x.reshape(1, t, h, self.head_dim).transpose(0, 2, 1, 3)  # (1, h, T, D)
+
+    def forward(
+        self,
+        tokens: mx.array,
+        positions: int | mx.array,
+        start: int,
+        mask: Mask,
+        need_logits: bool,
+    ) -> mx.array | None:
+        """Run ``tokens`` (T,) at RoPE ``positions`` (an int: contiguous from there; or
+        (T,) int32 per row), writing their K/V to slots ``start .. start+T``. ``mask``:
+        (T, start+T) bool, True = may attend, ``"causal"`` or None (every row sees every
+        slot up to ``start+T``). Returns lazy logits (T, V) when ``need_logits``."""
+        t = tokens.shape[0]
+        end = start + t
+        self.ensure(end)
+        h, hkv = self.n_heads, self.n_kv_heads
+        x = self.embed(tokens[None])  # (1, T, C)
+        for li, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            hn = layer.input_layernorm(x)  # (1, T, C)
+            q = self._rope(attn.rope, attn.q_proj(hn), positions, h)  # (1, H, T, D)
+            k = self._rope(attn.rope, attn.k_proj(hn), positions, hkv)  # (1, H_kv, T, D)
+            v = attn.v_proj(hn).reshape(1, t, hkv, self.head_dim).transpose(0, 2, 1, 3)
+            self.keys[li][:, :, start:end, :] = k
+            self.values[li][:, :, start:end, :] = v
+            keys = self.keys[li][:, :, :end, :]  # (1, H_kv, S, D)
+            values = self.values[li][:, :, :end, :]  # (1, H_kv, S, D)
+            # GQA is native: H query heads share H_kv key heads; the (T, S) mask broadcasts.
+            o = mx.fast.scaled_dot_product_attention(
+                q, keys, values, scale=attn.scale, mask=mask
+            )  # (1, H, T, D)
+            o = o.transpose(0, 2, 1, 3).reshape(1, t, h * self.head_dim)  # (1, T, H D)
+            x = x + attn.o_proj(o)  # (1, T, C)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))  # (1, T, C)
+        if not need_logits:
+            return None
+        x = self.norm(x)  # (1, T, C)
+        logits = self.embed.as_linear(x) if self.tied else self.module.lm_head(x)  # (1, T, V)
+        return logits[0]  # (T, V)
+
+    def move_slots(self, src: mx.array, dst_start: int) -> None:
+        """Copy slots ``src`` (K,) to ``dst_start .. dst_start+K`` in every layer (lazy;
+        the gather reads the old array, so overlapping ranges are safe)."""
+        k = src.shape[0]
+        for store in (self.keys, self.values):
+            for li, arr in enumerate(store):
+                arr[:, :, dst_start : dst_start + k, :] = arr[:, :, src, :]  # (1, H_kv, K, D)
+                store[li] = arr
+
+    def cache_arrays(self) -> list[mx.array]:
+        return self.keys + self.values

@@ -1,0 +1,133 @@
+"""Load a llama-family model into an mlx-lm module, cast or quantized in memory.
+
+mlx-lm builds the module and reads the safetensors; this file only decides the config
+overrides, the dtype and the quantization. Nothing is written to disk: quantizing a
+model with ``mlx.nn.quantize`` takes about as long as reading its float weights, so a
+converted copy in the cache would save little and cost a second copy of every model.
+
+Example::
+
+    module, cfg = load_module("path/to/hf_dir", dtype="4bit")
+    module.model.layers[0].self_attn.q_proj      # a QuantizedLinear
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from draftwise.errors import DraftwiseError
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+QUANT_BITS = {"4bit": 4, "8bit": 8}
+DTYPES = (*FLOAT_DTYPES, *QUANT_BITS)
+GROUP_SIZE = 64  # mlx-lm's default for 4- and 8-bit affine quantization
+
+
+def has_gpu() -> bool:
+    """True when MLX computes on a GPU (Metal on Apple silicon, or CUDA)."""
+    if mx.metal.is_available():
+        return True
+    cuda = getattr(mx, "cuda", None)
+    return bool(cuda is not None and cuda.is_available())
+
+
+def default_dtype() -> str:
+    # 4-bit matmuls win where memory bandwidth is the limit (GPUs); MLX's CPU kernels
+    # are faster in float32 for small models, and float32 is what the tests compare.
+    return "4bit" if has_gpu() else "float32"
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise DraftwiseError(f"no config.json in {model_dir}")
+    cfg: dict[str, Any] = json.loads(path.read_text())
+    model_type = cfg.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise DraftwiseError(
+            f"unsupported model_type {model_type!r} for the mlx backend "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    return cfg
+
+
+def config_overrides(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Fields mlx-lm's ModelArgs would otherwise get wrong.
+
+    transformers 5 writes RoPE settings as ``rope_parameters`` (theta inside); mlx-lm
+    0.32 reads only ``rope_theta``/``rope_scaling`` and would silently fall back to
+    theta 10000, which changes every logit of SmolLM2 (theta 100000).
+    """
+    out: dict[str, Any] = {}
+    rope = cfg.get("rope_parameters")
+    if isinstance(rope, dict):
+        if "rope_theta" not in cfg and "rope_theta" in rope:
+            out["rope_theta"] = float(rope["rope_theta"])
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if cfg.get("rope_scaling") is None and rope_type != "default":
+            out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return out
+
+
+def context_window(cfg: dict[str, Any]) -> int:
+    """Positions the model serves exactly: its maximum, capped at a sliding window
+    (windowed attention equals full attention while the sequence fits the window)."""
+    limit = int(cfg.get("max_position_embeddings") or 2048)
+    window = cfg.get("sliding_window")
+    sliding = cfg.get("model_type") == "mistral" or cfg.get("use_sliding_window")
+    sliding = sliding or "sliding_attention" in (cfg.get("layer_types") or [])
+    if window and sliding:
+        limit = min(limit, int(window))
+    return limit
+
+
+def _existing_bits(cfg: dict[str, Any]) -> int | None:
+    q = cfg.get("quantization") or cfg.get("quantization_config")
+    return int(q["bits"]) if isinstance(q, dict) and "bits" in q else None
+
+
+def _quantizable(path: str, m: nn.Module) -> bool:
+    # Layers whose input width is not a multiple of the group size stay in float.
+    weight = getattr(m, "weight", None)
+    return hasattr(m, "to_quantized") and weight is not None and weight.shape[-1] % GROUP_SIZE == 0
+
+
+def load_module(model_dir: str | Path, dtype: str) -> tuple[nn.Module, dict[str, Any]]:
+    """The mlx-lm module for ``model_dir`` in ``dtype`` (see ``DTYPES``) and its config."""
+    if dtype not in DTYPES:
+        raise DraftwiseError(
+            f"unknown dtype {dtype!r} for the mlx backend (use {', '.join(DTYPES)})"
+        )
+    model_dir = Path(model_dir)
+    cfg = read_config(model_dir)
+    from mlx_lm.utils import load_model
+
+    try:
+        module, _ = load_model(model_dir, model_config=config_overrides(cfg))
+    except (FileNotFoundError, ValueError) as exc:
+        raise DraftwiseError(f"mlx-lm cannot load {model_dir}: {exc}") from None
+    bits = _existing_bits(cfg)
+    if bits is not None:
+        # An MLX-quantized checkpoint: its packed weights cannot be re-cast.
+        if QUANT_BITS.get(dtype) != bits:
+            raise DraftwiseError(
+                f"{model_dir} is already quantized to {bits} bits; use --dtype {bits}bit"
+            )
+        return module, cfg
+    if dtype in FLOAT_DTYPES:
+        module.set_dtype(FLOAT_DTYPES[dtype])
+    else:
+        # Scales and activations stay float32 on the CPU (no fast float16 kernels
+        # there); on a GPU they are float16 as mlx-lm's converter makes them.
+        module.set_dtype(mx.float16 if has_gpu() else mx.float32)
+        nn.quantize(
+            module, group_size=GROUP_SIZE, bits=QUANT_BITS[dtype], class_predicate=_quantizable
+        )
+    mx.eval(module.parameters())
+    return module, cfg
