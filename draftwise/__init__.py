@@ -12,7 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["DraftwiseError", "GenerationResponse", "Model", "generate", "load", "stream_generate"]
+__all__ = [
+    "CancelToken", "DraftwiseError", "GenerationResponse", "Model", "Session", "generate", "load",
+    "stream_generate",
+]
 
 from draftwise.errors import DraftwiseError
 
@@ -22,4 +25,8 @@ def __getattr__(name: str) -> Any:
         from draftwise import api
 
         return getattr(api, name)
+    if name in ("CancelToken", "Session"):
+        from draftwise import session
+
+        return getattr(session, name)
     raise AttributeError(f"module 'draftwise' has no attribute {name!r}")

@@ -1,0 +1,294 @@
+"""An embedding API for desktop apps and servers: one model, one generation at a time.
+
+A ``Session`` owns a loaded ``Model`` and a lock. Every generation holds the lock from
+its first step to its last, so callers on several threads queue up instead of corrupting
+the KV cache or the drafters' state. The ``Decoder`` underneath rewinds its cache in a
+``finally``, so a generation that is cancelled, closed early or interrupted leaves the
+cache consistent and the next one reuses the common prefix.
+
+Lifecycle::
+
+    session = Session(cache_dir="~/.cache/myapp")   # load the model; load saved drafter state
+    text = session.generate("Hi!", max_tokens=32)    # blocking, thread-safe
+    for r in session.stream(messages, on_token=print_piece):   # streaming, thread-safe
+        ...                                          # break / close() / cancel() stop it
+    session.cancel()                                 # from another thread: stop the current one
+    session.save()                                   # write drafter state (also done by close)
+    session.close()                                  # save, then refuse further generations
+
+``Session`` is also a context manager (``with Session() as s: ...`` closes it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Callable, Generator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+
+from draftwise.errors import DraftwiseError
+
+if TYPE_CHECKING:  # the API imports torch-side modules; load it only when a Session is made
+    from draftwise.api import GenerationResponse, Model, Prompt
+
+
+@runtime_checkable
+class Persistent(Protocol):
+    """A drafter whose learnt state can be written to and read from a file.
+
+    ``tokenizer_id`` (``Tokenizer.identity()``) ties the file to one vocabulary; ``load``
+    should raise ``DraftwiseError`` for a file made with another tokenizer.
+    """
+
+    def save(self, path: str | os.PathLike[str], tokenizer_id: str) -> None: ...
+
+    def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> Any: ...
+
+
+class CancelToken:
+    """A flag another thread sets to stop a generation at its next step.
+
+    Example::
+
+        >>> tok = CancelToken()
+        >>> tok.cancel(); tok.cancelled
+        True
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+class StopText:
+    """Finds stop strings in streamed text and holds back what could start one.
+
+    Example::
+
+        >>> s = StopText(["END"])
+        >>> s.feed("abc E"), s.feed("ND more"), s.stopped
+        ('abc ', '', True)
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        for s in stops:
+            if not isinstance(s, str) or not s:
+                raise DraftwiseError(f"stop strings must be non-empty text, got {s!r}")
+        self.stops = list(stops)
+        self._pending = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        """Add ``text``; return what is safe to show (everything before a stop string)."""
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return text
+        buf = self._pending + text
+        cut = min((i for s in self.stops if (i := buf.find(s)) >= 0), default=-1)
+        if cut >= 0:
+            self.stopped, self._pending = True, ""
+            return buf[:cut]
+        keep = 0  # the longest tail of buf that begins some stop string
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(buf)), keep, -1):
+                if buf.endswith(s[:k]):
+                    keep = k
+                    break
+        self._pending = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep]
+
+    def flush(self) -> str:
+        """The held-back text, once generation ended without a stop string."""
+        out, self._pending = ("" if self.stopped else self._pending), ""
+        return out
+
+
+class Session:
+    """A thread-safe handle on one model for an app: queued generations, cancellation,
+    drafter state that persists across calls (and across runs with ``cache_dir``).
+
+    ``model`` is a loaded ``draftwise.Model`` or anything ``draftwise.load`` accepts
+    (``None`` = the embedded default). Defaults for ``stream``/``generate`` (drafter,
+    budget, max_tokens, ...) come from ``defaults``. See the module docstring for the
+    lifecycle.
+
+    Example::
+
+        >>> with Session(drafter="cacheback") as s:                     # doctest: +SKIP
+        ...     print(s.generate("Name three primes.", max_tokens=24))
+    """
+
+    def __init__(
+        self,
+        model: Model | str | os.PathLike[str] | None = None,
+        *,
+        backend: str = "auto",
+        dtype: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        **defaults: Any,
+    ) -> None:
+        from draftwise.api import Model, load
+
+        self.model: Model = model if isinstance(model, Model) else load(model, backend, dtype)
+        self.defaults: dict[str, Any] = {"drafter": "cacheback", **defaults}
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
+        self._lock = threading.Lock()
+        self._current: CancelToken | None = None
+        self._closed = False
+        self.load_errors: list[str] = []  # drafter files that could not be loaded
+        if self.cache_dir is not None:
+            self.load_state(self.cache_dir)
+
+    # -- generation ---------------------------------------------------------------------
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        cancel: CancelToken | None = None,
+        on_token: Callable[[GenerationResponse], None] | None = None,
+        stop: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> Generator[GenerationResponse, None, None]:
+        """Yield a ``GenerationResponse`` per step, holding the session lock meanwhile.
+
+        Stops cleanly at the next step when ``cancel`` (or ``Session.cancel()``) fires,
+        or when the caller closes the iterator. ``stop`` strings end generation when the
+        text contains one (the stop string and what follows are trimmed; the last
+        response then has ``finish_reason="stop"``). ``on_token`` is called with each
+        response before it is yielded. Other options are those of
+        ``draftwise.stream_generate``.
+        """
+        opts = {**self.defaults, **kwargs}
+        stops = StopText(list(stop))  # checks the strings before queueing
+        token = cancel or CancelToken()
+        return self._run(prompt, token, on_token, stops, opts)
+
+    def _run(
+        self,
+        prompt: Prompt,
+        token: CancelToken,
+        on_token: Callable[[GenerationResponse], None] | None,
+        stops: StopText,
+        opts: dict[str, Any],
+    ) -> Generator[GenerationResponse, None, None]:
+        from draftwise.api import stream_generate
+
+        with self._lock:
+            if self._closed:
+                raise DraftwiseError("this session is closed")
+            self._current = token
+            inner = cast(
+                "Generator[GenerationResponse, None, None]",
+                stream_generate(self.model, prompt, **opts),
+            )
+            try:
+                while not token.cancelled:  # checked before each step is computed
+                    r = next(inner, None)
+                    if r is None:
+                        break
+                    text = stops.feed(r.text)
+                    if stops.stopped:
+                        r = dataclasses.replace(r, text=text, finish_reason="stop")
+                    elif r.finish_reason is not None:
+                        r = dataclasses.replace(r, text=text + stops.flush())
+                    elif text != r.text:
+                        r = dataclasses.replace(r, text=text)
+                    if on_token is not None:
+                        on_token(r)
+                    yield r
+                    if stops.stopped:
+                        break
+            finally:
+                inner.close()  # the decoder rewinds its cache here
+                self._current = None
+
+    def generate(self, prompt: Prompt, **kwargs: Any) -> str:
+        """The whole answer as one string (same options as ``stream``); blocks while
+        another generation runs."""
+        return "".join(r.text for r in self.stream(prompt, **kwargs))
+
+    def cancel(self) -> None:
+        """Stop the generation running now (if any) at its next step; thread-safe."""
+        current = self._current
+        if current is not None:
+            current.cancel()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a generation holds the session now."""
+        return self._lock.locked()
+
+    def reset(self) -> None:
+        """Drop the KV cache (drafters keep what they learnt); waits for the lock."""
+        with self._lock:
+            self.model.decoder.reset()
+
+    # -- drafter state ------------------------------------------------------------------
+
+    def _persistent(self) -> dict[str, Persistent]:
+        return {n: d for n, d in self.model.drafters.items() if isinstance(d, Persistent)}
+
+    def save(self, directory: str | os.PathLike[str] | None = None) -> list[Path]:
+        """Write the state of every named drafter that supports it into ``directory``
+        (default: ``cache_dir``) as ``<name>.drafter``; returns the files written."""
+        target = Path(directory).expanduser() if directory is not None else self.cache_dir
+        if target is None:
+            raise DraftwiseError(
+                "no directory to save to: pass one or create the Session with cache_dir"
+            )
+        target.mkdir(parents=True, exist_ok=True)
+        ident = self.model.tokenizer.identity()
+        written = []
+        with self._lock:
+            for name, drafter in self._persistent().items():
+                path = target / f"{name}.drafter"
+                drafter.save(path, ident)
+                written.append(path)
+        return written
+
+    def load_state(self, directory: str | os.PathLike[str]) -> list[Path]:
+        """Load every ``<name>.drafter`` file in ``directory`` into the drafter of that
+        name; a file that cannot be loaded is noted in ``load_errors`` and skipped."""
+        root = Path(directory).expanduser()
+        names = {p.stem for p in root.glob("*.drafter")} if root.is_dir() else set()
+        loaded = []
+        for name in sorted(names):
+            try:
+                drafter = self.model.drafter(name)  # created now if not used yet
+            except DraftwiseError:
+                continue  # a drafter this version does not know
+            if not isinstance(drafter, Persistent):
+                continue
+            path = root / f"{name}.drafter"
+            try:
+                drafter.load(path, self.model.tokenizer.identity())
+                loaded.append(path)
+            except (DraftwiseError, OSError, ValueError) as exc:
+                self.load_errors.append(f"{path}: {exc}")
+        return loaded
+
+    def close(self) -> None:
+        """Save drafter state (with ``cache_dir``), then refuse new generations."""
+        if self._closed:
+            return
+        self.cancel()
+        if self.cache_dir is not None:
+            self.save()
+        with self._lock:
+            self._closed = True
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,264 @@
+"""`draftwise serve` in a subprocess, driven by the official ``openai`` client and httpx.
+
+One server (the real default model, torch, float32) for the whole module. Answers are
+greedy with small ``max_tokens`` so the run stays short on a CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+pytestmark = pytest.mark.torch
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+PROMPTS = [
+    "Name three primes.",
+    "What is the capital of France?",
+    "Write a haiku about caches.",
+    "Count from 1 to 10.",
+]
+N = 12  # max_tokens of every answer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(default_model_dir) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "draftwise",
+            "serve",
+            "--model",
+            str(default_model_dir),
+            "--backend",
+            "torch",
+            "--dtype",
+            "float32",
+            "--port",
+            str(port),
+            "--max-tokens",
+            str(N),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited: {proc.stdout.read() if proc.stdout else ''}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("server did not start in 300 s")
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def model_id(client) -> str:
+    return client.models.list().data[0].id
+
+
+def ask(client, model_id: str, prompt: str, stream: bool, drafter: str = "cacheback") -> str:
+    extra = {"draftwise": {"drafter": drafter}}
+    messages = [{"role": "user", "content": prompt}]
+    if not stream:
+        r = client.chat.completions.create(
+            model=model_id, messages=messages, max_tokens=N, temperature=0, extra_body=extra
+        )
+        assert r.usage.completion_tokens >= 1 and r.choices[0].finish_reason in ("stop", "length")
+        return r.choices[0].message.content
+    parts, finish = [], None
+    for c in client.chat.completions.create(
+        model=model_id,
+        messages=messages,
+        max_tokens=N,
+        temperature=0,
+        stream=True,
+        extra_body=extra,
+    ):
+        if c.choices:
+            parts.append(c.choices[0].delta.content or "")
+            finish = c.choices[0].finish_reason or finish
+    assert finish in ("stop", "length")
+    return "".join(parts)
+
+
+@pytest.fixture(scope="module")
+def reference(client, model_id) -> dict[str, str]:
+    """Single-client greedy answers, plain decoding."""
+    return {p: ask(client, model_id, p, stream=False, drafter="none") for p in PROMPTS}
+
+
+def test_models_health_and_usage(server, client, model_id, reference):
+    assert httpx.get(f"{server}/health").json()["status"] == "ok"
+    r = client.chat.completions.create(
+        model=model_id,
+        max_tokens=N,
+        temperature=0,
+        messages=[{"role": "user", "content": PROMPTS[0]}],
+    )
+    assert r.choices[0].message.content == reference[PROMPTS[0]]
+    extra = r.usage.model_extra["draftwise"]
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert extra["steps"] >= 1 and extra["mean_accepted"] >= 1 and extra["tokens_per_s"] > 0
+    c = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=4)
+    assert c.choices[0].text and c.usage.completion_tokens == 4
+
+
+def test_stream_equals_non_stream_and_stop(client, model_id, reference):
+    for p in PROMPTS[:2]:
+        assert ask(client, model_id, p, stream=True) == reference[p]
+    full = reference[PROMPTS[3]]
+    stop = full.split()[2]
+    r = client.chat.completions.create(
+        model=model_id,
+        max_tokens=N,
+        stop=[stop],
+        messages=[{"role": "user", "content": PROMPTS[3]}],
+    )
+    assert r.choices[0].message.content == full[: full.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def kill_mid_stream(server: str, model_id: str) -> int:
+    """Open a long streamed answer, read a few chunks, drop the connection."""
+    body = {
+        "model": model_id,
+        "stream": True,
+        "max_tokens": 2000,
+        "messages": [{"role": "user", "content": "Write a very long story about a dragon."}],
+    }
+    got = 0
+    with (
+        httpx.Client(timeout=600) as c,
+        c.stream("POST", f"{server}/v1/chat/completions", json=body) as r,
+    ):
+        for line in r.iter_lines():
+            got += line.startswith("data: ")
+            if got >= 3:
+                break  # leaving the block closes the connection
+    return got
+
+
+def test_concurrent_clients_and_a_dropped_stream(server, client, model_id, reference):
+    results: list[tuple[str, str]] = []
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            c = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=600)
+            for j in range(5):
+                p = PROMPTS[(i + j) % len(PROMPTS)]
+                drafter = "none" if (i + j) % 3 == 0 else "cacheback"
+                results.append((p, ask(c, model_id, p, stream=(i + j) % 2 == 0, drafter=drafter)))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    killer = threading.Thread(target=lambda: kill_mid_stream(server, model_id))
+    for t in threads[:4] + [killer] + threads[4:]:
+        t.start()
+    for t in threads + [killer]:
+        t.join(timeout=900)
+    assert not errors, errors
+    assert len(results) == 40
+    for p, text in results:
+        assert text == reference[p], p
+
+
+def test_dropped_stream_frees_the_model(server, client, model_id, reference):
+    assert kill_mid_stream(server, model_id) >= 3
+    deadline = time.time() + 20  # 2000 tokens would take minutes on a CPU
+    while httpx.get(f"{server}/health").json()["busy"] and time.time() < deadline:
+        time.sleep(0.2)
+    assert not httpx.get(f"{server}/health").json()["busy"]
+    assert ask(client, model_id, PROMPTS[1], stream=False) == reference[PROMPTS[1]]
+
+
+@pytest.mark.parametrize(
+    "path, body, status, param",
+    [
+        ("/v1/chat/completions", b"{not json", 400, None),
+        (
+            "/v1/chat/completions",
+            b'{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}',
+            404,
+            "model",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}',
+            400,
+            "max_tokens",
+        ),
+        ("/v1/chat/completions", b'{"max_tokens": 4}', 400, "messages"),
+        (
+            "/v1/chat/completions",
+            b'{"temperature": -0.5, "messages": [{"role": "user", "content": "x"}]}',
+            400,
+            "temperature",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"draftwise": {"drafter": "nope"}, "messages": [{"role": "user", "content": "x"}]}',
+            400,
+            "draftwise.drafter",
+        ),
+        ("/v1/completions", b'{"prompt": ""}', 400, "prompt"),
+        ("/v1/nowhere", b"{}", 404, None),
+    ],
+)
+def test_bad_requests_get_openai_errors(server, path, body, status, param):
+    r = httpx.post(f"{server}{path}", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param
+    assert httpx.get(f"{server}/health").json()["status"] == "ok"  # still serving
+
+
+def test_bad_request_through_openai_client(client, model_id, reference):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=model_id, max_tokens=-1, messages=[{"role": "user", "content": "x"}]
+        )
+    assert info.value.param == "max_tokens"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert ask(client, model_id, PROMPTS[0], stream=True) == reference[PROMPTS[0]]

@@ -1,0 +1,157 @@
+"""``draftwise.Session``: queued thread-safe generation, cancellation, stop strings, state files."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from draftwise.core.drafters import NoDrafter
+from draftwise.errors import DraftwiseError
+from draftwise.session import CancelToken, Persistent, StopText
+
+A = "Name three primes."
+B = "List the planets of the solar system in order, with one fact about each planet."
+
+
+@pytest.mark.parametrize(
+    "pieces, stops, shown, stopped",
+    [
+        (["abc E", "ND more"], ["END"], "abc ", True),
+        (["a", "b", "c"], ["x"], "abc", False),
+        (["hello wor", "ld!"], ["world", "lo w"], "hel", True),
+        (["E", "N", "X"], ["END"], "ENX", False),  # a false start is released
+    ],
+)
+def test_stop_text(pieces, stops, shown, stopped):
+    s = StopText(stops)
+    out = "".join(s.feed(p) for p in pieces) + s.flush()
+    assert (out, s.stopped) == (shown, stopped)
+
+
+def test_stop_text_rejects_empty():
+    with pytest.raises(DraftwiseError, match="''"):
+        StopText([""])
+
+
+class SavingDrafter(NoDrafter):
+    """A drafter with persistence, as the Persistent protocol describes."""
+
+    name = "saving"
+
+    def __init__(self) -> None:
+        self.loaded: str | None = None
+
+    def save(self, path, tokenizer_id: str) -> None:
+        Path(path).write_text(tokenizer_id)
+
+    def load(self, path, tokenizer_id: str) -> None:
+        if Path(path).read_text() != tokenizer_id:
+            raise DraftwiseError(f"'{path}' was saved with another tokenizer")
+        self.loaded = tokenizer_id
+
+
+def test_persistent_protocol():
+    assert isinstance(SavingDrafter(), Persistent)
+    assert not isinstance(NoDrafter(), Persistent)
+
+
+@pytest.fixture(scope="module")
+def session(torch_model):
+    from draftwise import Session
+
+    s = Session(torch_model)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def answers(session):
+    return {p: session.generate(p, max_tokens=12) for p in (A, B)}
+
+
+def consistent(model) -> bool:
+    return model.backend.cache_len == len(model.decoder.cached)
+
+
+@pytest.mark.torch
+def test_two_threads_equal_single_thread(session, answers):
+    got: dict[str, str] = {}
+    barrier = threading.Barrier(2)
+
+    def work(prompt: str) -> None:
+        barrier.wait()
+        got[prompt] = session.generate(prompt, max_tokens=12)
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in (A, B)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert got == answers
+    assert not session.busy and consistent(session.model)
+
+
+@pytest.mark.torch
+def test_cancel_mid_stream_keeps_cache_consistent(session, answers):
+    token = CancelToken()
+    seen = []
+    for r in session.stream(B, cancel=token, max_tokens=200):
+        seen.append(r)
+        if len(seen) == 2:
+            token.cancel()
+    assert len(seen) == 2 and seen[-1].finish_reason is None
+    assert consistent(session.model) and not session.busy
+    assert session.generate(A, max_tokens=12) == answers[A]
+    session.model.decoder.reset()  # a fresh cache gives the same answer
+    assert session.generate(A, max_tokens=12) == answers[A]
+
+
+@pytest.mark.torch
+def test_close_iterator_and_session_cancel(session, answers):
+    stream = session.stream(B, max_tokens=200)
+    next(stream)
+    assert session.busy
+    stream.close()  # the caller stops early
+    assert not session.busy and consistent(session.model)
+
+    pieces: list[str] = []
+
+    def on_token(r) -> None:
+        pieces.append(r.text)
+        if len(pieces) == 3:  # another thread (a UI's stop button) cancels
+            t = threading.Thread(target=session.cancel)
+            t.start()
+            t.join()
+
+    text = session.generate(B, max_tokens=200, on_token=on_token)
+    assert len(pieces) == 3 and text == "".join(pieces)
+    assert session.generate(B, max_tokens=12) == answers[B]
+
+
+@pytest.mark.torch
+def test_stop_string_trims(session, answers):
+    word = answers[B].split()[2]
+    text = session.generate(B, max_tokens=12, stop=[word])
+    assert text == answers[B][: answers[B].index(word)]
+
+
+@pytest.mark.torch
+def test_save_load_and_close(default_model_dir, tmp_path):
+    pytest.importorskip("torch")
+    import draftwise
+    from draftwise import Session
+
+    model = draftwise.load(default_model_dir, backend="torch", dtype="float32")
+    model.drafters["saving"] = SavingDrafter()
+    s = Session(model, cache_dir=tmp_path)
+    assert s.save() == [tmp_path / "saving.drafter"]
+    (tmp_path / "bad.drafter").write_text("x")  # an unknown drafter name is skipped
+    s.close()
+    model.drafters["saving"] = fresh = SavingDrafter()
+    s2 = Session(model, cache_dir=tmp_path)
+    assert fresh.loaded == model.tokenizer.identity() and s2.load_errors == []
+    s2.close()
+    with pytest.raises(DraftwiseError, match="closed"):
+        s2.generate(A, max_tokens=2)
