@@ -78,8 +78,19 @@ class Model:
         if not isinstance(spec, str):
             return spec
         if options or spec not in self.drafters:
-            self.drafters[spec] = make_drafter(spec, **options)
+            self.drafters[spec] = self._build_drafter(spec, options)
         return self.drafters[spec]
+
+    def _build_drafter(self, spec: str, options: dict[str, Any]) -> Drafter:
+        """``auto`` needs this device's cost profile; ``cacheback`` gets the shipped
+        frozen table when it matches this model's tokenizer (unless options say else)."""
+        from draftwise import tuning
+
+        if spec == "auto" and not options:
+            return tuning.make_auto_drafter(self)
+        if spec == "cacheback" and not options:
+            return tuning.default_cacheback(self.tokenizer.identity())
+        return make_drafter(spec, **options)
 
     def encode_prompt(self, prompt: Prompt, chat_template: bool = True) -> list[int]:
         """Token ids for a string (chat template applied when the model has one and

@@ -18,6 +18,7 @@ APPS = {
     "bench": ("draftwise.apps.bench.cli", "measure drafters' speedup over plain decoding"),
     "chat": ("draftwise.apps.chat", "chat in the terminal, multi-turn, streamed"),
     "serve": ("draftwise.apps.serve", "OpenAI-compatible HTTP server (FastAPI + uvicorn)"),
+    "tune": ("draftwise.apps.tune", "measure this device's verify cost curve for --drafter auto"),
 }
 
 

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from draftwise.backends.select import BACKENDS
-from draftwise.core.drafters import drafter_names, make_drafter
+from draftwise.core.drafters import check_drafter_name, drafter_names
 from draftwise.core.sampling import SamplingParams
 from draftwise.errors import DraftwiseError
 
@@ -43,7 +43,7 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty,
     )
-    make_drafter(args.drafter)
+    check_drafter_name(args.drafter)
     if args.max_tokens < 1:
         raise DraftwiseError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if args.budget < 0:

@@ -24,7 +24,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftwise.core.drafters import drafter_names
+from draftwise.core.drafters import check_drafter_name
+from draftwise.errors import DraftwiseError
 
 
 class ApiError(Exception):
@@ -189,13 +190,10 @@ def _extension(body: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]
             "invalid_value",
         )
     drafter = ext.get("drafter", defaults.get("drafter", "cacheback"))
-    if drafter not in drafter_names():
-        raise ApiError(
-            400,
-            f"unknown drafter {drafter!r} (choose from: {', '.join(drafter_names())})",
-            "draftwise.drafter",
-            "invalid_value",
-        )
+    try:
+        check_drafter_name(str(drafter))
+    except DraftwiseError as exc:
+        raise ApiError(400, str(exc), "draftwise.drafter", "invalid_value") from None
     budget = _integer(ext, "budget", defaults.get("budget", 16), 0, "draftwise.budget")
     return {"drafter": drafter, "budget": budget}
 

@@ -1,0 +1,47 @@
+"""``draftwise tune``: measure how verify time grows with draft-tree size on this device.
+
+The auto drafter (``--drafter auto``) plans every step with this curve. It is measured
+automatically on first use and stored per (device, backend, model, dtype) in the cache
+directory; run this command to refresh it (after a driver update, say) or to see it.
+
+Example::
+
+    draftwise tune --backend torch --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from draftwise.apps.common import add_model_args
+
+
+def setup_arg_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = p or argparse.ArgumentParser(prog="draftwise tune", description=__doc__)
+    add_model_args(p)
+    p.add_argument("--reps", type=int, default=3, help="timed repeats per point (default: 3)")
+    p.add_argument("--show", action="store_true", help="print the stored profile; measure only if none")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON")
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    import draftwise
+    from draftwise import tuning
+    from draftwise.errors import DraftwiseError
+
+    if args.reps < 1:
+        raise DraftwiseError(f"--reps must be >= 1, got {args.reps}")
+    model = draftwise.load(args.model, backend=args.backend, dtype=args.dtype)
+    cost = tuning.ensure_profile(model) if args.show else tuning.tune(model, reps=args.reps)
+    if args.json:
+        print(json.dumps(cost.to_json()))
+        return 0
+    print(f"profile: {tuning.profile_path(model)}")
+    print(f"device:  {cost.meta.get('device', '?')}  backend: {cost.meta.get('backend', '?')}")
+    header = "rows".rjust(8) + "".join(f"ctx {int(c)}".rjust(12) for c in cost.contexts)
+    print(header)
+    for j, r in enumerate(cost.rows.astype(int)):
+        print(f"{r:8d}" + "".join(f"{cost.ms[i, j]:10.1f}ms" for i in range(len(cost.contexts))))
+    return 0

@@ -1,0 +1,66 @@
+"""Measure a backend's verify latency against row count and context length.
+
+The result is the ``CostModel`` the auto drafter plans with. Each point is the median
+wall time of ``verify`` on a draft chain of ``rows - 1`` nodes (a tree with the same row
+count costs the same: the mask differs, the work does not), after the cache holds
+``context`` tokens. ``verify`` returns host arrays, so the device is synchronised.
+
+Example::
+
+    cost = measure_cost_curve(backend, rows=(1, 2, 4, 8), contexts=(128,), reps=3)
+    cost.cost(6, context_len=128)   # interpolated ms for 6 rows
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from draftwise.core.autotune import CostModel
+from draftwise.core.backend import Backend
+from draftwise.core.tree import DraftTree
+from draftwise.errors import DraftwiseError
+
+DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_CONTEXTS = (256, 1024)
+
+
+def measure_cost_curve(
+    backend: Backend,
+    rows: Sequence[int] = DEFAULT_ROWS,
+    contexts: Sequence[int] = DEFAULT_CONTEXTS,
+    reps: int = 3,
+    progress: Callable[[int, int], None] | None = None,
+    meta: dict[str, str] | None = None,
+) -> CostModel:
+    """Median verify ms for every (context, rows) pair; the cache is emptied after."""
+    limit = backend.context_limit
+    ctxs = sorted({min(c, limit - max(rows) - 1) for c in contexts})
+    if reps < 1 or not rows or ctxs[0] < 1:
+        raise DraftwiseError(f"cannot profile: reps={reps}, rows={list(rows)}, context limit {limit}")
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(100, min(backend.vocab_size, 20000), max(ctxs) + max(rows) + 1)
+    table = np.zeros((len(ctxs), len(rows)))
+    total, done = len(ctxs) * len(rows), 0
+    try:
+        for i, ctx in enumerate(ctxs):
+            backend.reset()
+            backend.prefill(tokens[:ctx])
+            for j, r in enumerate(rows):
+                tree = DraftTree.chain(tokens[ctx + 1 : ctx + r].tolist())
+                backend.verify(int(tokens[ctx]), tree, need_logits=False)  # warm-up
+                times = []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    backend.verify(int(tokens[ctx]), tree, need_logits=False)
+                    times.append((time.perf_counter() - t0) * 1e3)
+                table[i, j] = statistics.median(times)
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+    finally:
+        backend.reset()
+    return CostModel(rows, table, ctxs, meta)
