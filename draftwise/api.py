@@ -132,7 +132,7 @@ def stream_generate(
     model: Model,
     prompt: Prompt,
     *,
-    drafter: str | Drafter = "cacheback",
+    drafter: str | Drafter = "auto",
     max_tokens: int = 256,
     temp: float = 0.0,
     top_p: float = 1.0,

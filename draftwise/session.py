@@ -26,25 +26,13 @@ import os
 import threading
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, cast
 
+from draftwise.core.drafters.compose import Persistent
 from draftwise.errors import DraftwiseError
 
 if TYPE_CHECKING:  # the API imports torch-side modules; load it only when a Session is made
     from draftwise.api import GenerationResponse, Model, Prompt
-
-
-@runtime_checkable
-class Persistent(Protocol):
-    """A drafter whose learnt state can be written to and read from a file.
-
-    ``tokenizer_id`` (``Tokenizer.identity()``) ties the file to one vocabulary; ``load``
-    should raise ``DraftwiseError`` for a file made with another tokenizer.
-    """
-
-    def save(self, path: str | os.PathLike[str], tokenizer_id: str) -> None: ...
-
-    def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> Any: ...
 
 
 class CancelToken:
@@ -139,7 +127,7 @@ class Session:
         from draftwise.api import Model, load
 
         self.model: Model = model if isinstance(model, Model) else load(model, backend, dtype)
-        self.defaults: dict[str, Any] = {"drafter": "cacheback", **defaults}
+        self.defaults: dict[str, Any] = {"drafter": "auto", **defaults}
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self._lock = threading.Lock()
         self._current: CancelToken | None = None

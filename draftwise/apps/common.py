@@ -19,7 +19,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="weights/compute dtype (default: the backend's; float32 for torch)")
 
 
-def add_drafter_args(p: argparse.ArgumentParser, default: str = "cacheback") -> None:
+def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
     p.add_argument("--drafter", default=default,
                    help=f"drafter: {', '.join(drafter_names())} (default: {default})")
     p.add_argument("--budget", type=int, default=16,

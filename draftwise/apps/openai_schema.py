@@ -189,7 +189,7 @@ def _extension(body: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]
             f"draftwise.{unknown[0]}",
             "invalid_value",
         )
-    drafter = ext.get("drafter", defaults.get("drafter", "cacheback"))
+    drafter = ext.get("drafter", defaults.get("drafter", "auto"))
     try:
         check_drafter_name(str(drafter))
     except DraftwiseError as exc:

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from draftwise.core.drafters.base import Drafter
+from draftwise.core.drafters.compose import load_members, save_members
 from draftwise.core.tree import DraftTree, merge_trees
 from draftwise.errors import DraftwiseError
 
@@ -214,6 +215,13 @@ class AutoDrafter:
         chosen = choose_subtree(full, self.acc, self.cost, context.size)
         self.last_budget = len(chosen)
         return chosen
+
+    def save(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
+        """Save the members' learnt state (the acceptance model is cheap to relearn)."""
+        save_members(self.members, path, tokenizer_id)
+
+    def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
+        load_members(self.members, path, tokenizer_id)
 
     def update(self, context: np.ndarray, n_new: int) -> None:
         for m in self.members:

@@ -75,3 +75,20 @@ def test_auto_identical_to_plain_and_adapts():
         assert [t for s in steps for t in s.tokens] == plain
         drafted = sum(s.drafted for s in steps)
         assert (drafted > 0) == expect_spec
+
+
+def test_auto_and_combined_save_load(tmp_path):
+    from draftwise.core.drafters.compose import Combined
+
+    cost = CostModel(rows=[1, 64], ms=[10, 10.5])
+    a = AutoDrafter([Cacheback(), Cacheback(fl=2)], cost)
+    a.begin(np.array([1, 2, 3, 1, 2, 4]))
+    a.save(tmp_path / "auto.drafter", "tok")
+    b = AutoDrafter([Cacheback(), Cacheback(fl=2)], cost)
+    b.load(tmp_path / "auto.drafter", "tok")
+    for x, y in zip(a.members, b.members):
+        assert list(x.table.items()) == list(y.table.items())
+    with pytest.raises(DraftwiseError, match="tok"):
+        Combined([Cacheback()]).load(tmp_path / "auto.drafter", "other-tokenizer")
+    with pytest.raises(DraftwiseError, match="no saved drafter state"):
+        b.load(tmp_path / "missing.drafter", "tok")

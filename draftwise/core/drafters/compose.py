@@ -14,13 +14,47 @@ Example::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from draftwise.core.drafters.base import Drafter
 from draftwise.core.tree import DraftTree, merge_trees
 from draftwise.errors import DraftwiseError
+
+
+@runtime_checkable
+class Persistent(Protocol):
+    """A drafter whose learnt state can be written to and read from one file."""
+
+    def save(self, path: str | os.PathLike[str], tokenizer_id: str) -> None: ...
+
+    def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> Any: ...
+
+
+def member_path(path: str | os.PathLike[str], index: int, member: Drafter) -> Path:
+    """Where member ``index`` of a composite drafter saved at ``path`` keeps its state."""
+    return Path(f"{os.fspath(path)}.{index}-{member.name}")
+
+
+def save_members(members: Sequence[Drafter], path: str | os.PathLike[str], tokenizer_id: str) -> None:
+    """Save every persistent member beside ``path`` (one file each, atomic per file)."""
+    for i, m in enumerate(members):
+        if isinstance(m, Persistent):
+            m.save(member_path(path, i, m), tokenizer_id)
+    Path(path).write_text("".join(f"{i} {m.name}\n" for i, m in enumerate(members)))
+
+
+def load_members(members: Sequence[Drafter], path: str | os.PathLike[str], tokenizer_id: str) -> None:
+    """Load the members saved by ``save_members``; a member without a file stays as is."""
+    if not Path(path).is_file():
+        raise DraftwiseError(f"no saved drafter state at '{path}'")
+    for i, m in enumerate(members):
+        if isinstance(m, Persistent) and member_path(path, i, m).is_file():
+            m.load(member_path(path, i, m), tokenizer_id)
 
 
 class Combined:
@@ -49,3 +83,9 @@ class Combined:
     def update(self, context: np.ndarray, n_new: int) -> None:
         for m in self.members:
             m.update(context, n_new)
+
+    def save(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
+        save_members(self.members, path, tokenizer_id)
+
+    def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
+        load_members(self.members, path, tokenizer_id)
