@@ -160,7 +160,8 @@ class TorchBackend:
         keep = np.asarray(keep, dtype=np.int64).reshape(-1)
         if not self._pending:
             raise DraftwiseError("commit() without a preceding verify()")
-        if keep.size == 0 or keep[0] != 0 or keep.max() >= self._pending or np.any(np.diff(keep) <= 0):
+        ordered = keep.size > 0 and keep[0] == 0 and bool(np.all(np.diff(keep) > 0))
+        if not ordered or keep[-1] >= self._pending:
             raise DraftwiseError(
                 f"commit rows {keep.tolist()} must start at 0 and increase below {self._pending}"
             )

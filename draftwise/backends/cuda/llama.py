@@ -66,18 +66,18 @@ class LlamaConfig:
         # transformers 5 moved rope settings into `rope_parameters`; older files use
         # `rope_theta` + `rope_scaling`.
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        theta = cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise DraftwiseError(
-                f"unsupported rope type {rope_type!r} (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+                f"unsupported rope type {rope_type!r} "
+                f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
             )
         max_positions = int(cfg.get("max_position_embeddings", 2048))
         # Sliding-window attention equals full attention while the sequence fits in the
         # window, so a windowed model is served exactly by capping the context there.
         window = cfg.get("sliding_window")
-        uses_window = window and (model_type == "mistral" or cfg.get("use_sliding_window"))
-        if uses_window:
+        if window is not None and (model_type == "mistral" or cfg.get("use_sliding_window")):
             max_positions = min(max_positions, int(window))
         n_heads = int(cfg["num_attention_heads"])
         dim = int(cfg["hidden_size"])
@@ -221,6 +221,15 @@ class Llama:
             else:
                 # Tied embeddings (or a checkpoint that stores only the embedding).
                 self.lm_head = self.embed
+            # Anything left (an o_proj or MLP bias, extra norms...) means a block this
+            # forward does not compute: refuse rather than silently produce wrong logits.
+            ignored = ("lm_head.weight",)
+            unused = [k for k in weights if k not in ignored and not k.endswith("inv_freq")]
+            if unused:
+                raise DraftwiseError(
+                    f"checkpoint has weights the {cfg.model_type} forward does not use: "
+                    f"{', '.join(sorted(unused)[:3])}"
+                )
             # RoPE tables for every cache slot, in float32 like transformers; cast per call.
             pos = torch.arange(max_cache_len, dtype=torch.float32)
             freqs = torch.outer(pos, rope_inv_freq(cfg))  # (T_max, D/2)
@@ -287,7 +296,8 @@ class Llama:
             # GQA without repeating K/V: the rep query heads sharing a kv head become
             # rep * T query rows of that head (HF's repeat_kv maps q head j -> kv j // rep).
             q = q.reshape(1, hkv, rep * t, d)  # (1, H_kv, rep T, D)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (1, H_kv, rep T, D)
+            # (1, H_kv, rep T, D)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             o = o.view(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, H D)
             x = x + F.linear(o, layer.wo)  # (T, C)
             hn = rms_norm(x, layer.mlp_norm, cfg.norm_eps)  # (T, C)
@@ -301,4 +311,5 @@ class Llama:
         """Copy cache slots ``src`` (K,) to ``dst_start .. dst_start+K`` in every layer
         with one gather + one write (the gather copies first, so overlap is safe)."""
         k = src.shape[0]
-        self.cache[:, :, :, dst_start : dst_start + k] = self.cache[:, :, :, src]  # (L, 2, H_kv, K, D)
+        # (L, 2, H_kv, K, D)
+        self.cache[:, :, :, dst_start : dst_start + k] = self.cache[:, :, :, src]

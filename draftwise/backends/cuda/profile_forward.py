@@ -16,6 +16,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
@@ -55,7 +56,7 @@ def profile_lean(
         for n1 in rows:
             tree = DraftTree.chain(rng.integers(0, be.vocab_size, n1 - 1).tolist())
             # cache_len does not move without commit, so every rep verifies at ctx.
-            out[ctx, n1] = _median_ms(lambda: be.verify(7, tree, need_logits=False), reps)
+            out[ctx, n1] = _median_ms(partial(be.verify, 7, tree, False), reps)
     return out
 
 
@@ -68,7 +69,8 @@ def profile_hf(
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).to(dev).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+    hf = hf.to(dev).eval()  # type: ignore[arg-type]
     out = {}
     with torch.inference_mode():
         for ctx in contexts:
@@ -77,7 +79,7 @@ def profile_hf(
             hf(input_ids=ids, past_key_values=cache, use_cache=True)
             tok = torch.tensor([[7]], device=dev)
 
-            def step() -> None:
+            def step(tok: torch.Tensor = tok, cache: DynamicCache = cache) -> None:
                 logits = hf(input_ids=tok, past_key_values=cache, use_cache=True).logits
                 logits[0, -1].argmax().item()  # the same host sync the backend pays
                 cache.crop(-1)  # drop the step just taken
@@ -114,8 +116,10 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{n1:<6}" + "".join(f"{_fmt(res[c, n1]):<18}" for c in contexts))
             if not a.no_hf:
                 hf = profile_hf(a.model, dtype, a.device, contexts, a.reps)
-                print("1 row, transformers DynamicCache: "
-                      + "  ".join(f"ctx={c}: {_fmt(hf[c])}" for c in contexts))
+                print(
+                    "1 row, transformers DynamicCache: "
+                    + "  ".join(f"ctx={c}: {_fmt(hf[c])}" for c in contexts)
+                )
 
 
 if __name__ == "__main__":

@@ -219,6 +219,19 @@ def test_errors(tmp_path):
         TorchBackend.from_pretrained(tmp_path / "nowhere", device="cpu")
 
 
+def test_unused_weights_are_refused(tmp_path):
+    # An MLP bias is something the lean forward does not compute: refuse, never ignore.
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(**TINY, mlp_bias=True)
+    path = tmp_path / "m"
+    path.mkdir()
+    sd = {k: v.contiguous() for k, v in transformers.LlamaForCausalLM(cfg).state_dict().items()}
+    safetensors_torch.save_file(sd, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    with pytest.raises(DraftwiseError, match="mlp.*bias"):
+        TorchBackend.from_pretrained(path, device="cpu")
+
+
 # ----- the real default model ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def real_model_dir(request) -> Path:
