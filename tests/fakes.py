@@ -59,3 +59,29 @@ class FakeBackend:
         assert self.pending is not None and keep[0] == 0
         self.cache += [self.pending[i] for i in keep.tolist()]
         self.pending = None
+
+
+class FakeBatchBackend(FakeBackend):
+    """FakeBackend plus the batched verification path (``core.batch.BatchVerifier``)."""
+
+    def __init__(self, *args, batch_by_default: bool = True, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.batch_by_default = batch_by_default
+        self.rows: np.ndarray | None = None
+
+    def verify_batch(self, root: int, drafts: np.ndarray) -> np.ndarray:
+        self.forwards += 1
+        k, w = drafts.shape
+        assert self.cache_len + w + 1 <= self.context_limit
+        rows = np.concatenate([np.full((k, 1), root), drafts], axis=1)  # (k, w + 1)
+        out = np.empty((k, w + 1), np.int64)
+        for i in range(k):
+            for j in range(w + 1):
+                out[i, j] = self.logits_after(self.cache + rows[i, : j + 1].tolist()).argmax()
+        self.rows = rows
+        return out
+
+    def commit_batch(self, row: int, n: int) -> None:
+        assert self.rows is not None and 1 <= n <= self.rows.shape[1]
+        self.cache += self.rows[row, :n].tolist()
+        self.rows = None

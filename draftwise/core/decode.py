@@ -25,6 +25,7 @@ import numpy as np
 
 from draftwise.core.acceptance import accept, accept_greedy
 from draftwise.core.backend import Backend
+from draftwise.core.batch import BatchDrafter, BatchVerifier, accept_batch, check_drafts
 from draftwise.core.drafters.base import Drafter
 from draftwise.core.sampling import SamplingParams, next_token
 from draftwise.core.tree import DraftTree
@@ -111,12 +112,22 @@ class Decoder:
         try:
             while True:
                 room = limit - self.backend.cache_len - 1  # rows left after the root
+                cap = max(0, min(budget, room, max_tokens - emitted - 1))
                 t0 = time.perf_counter()
-                tree = drafter.propose(seq[:n], max(0, min(budget, room, max_tokens - emitted - 1)))
-                t1 = time.perf_counter()
-                path, bonus = self._verify(seq[:n], tree, params, rng)
+                if self._use_batch(drafter, params):
+                    drafts = check_drafts(drafter.propose_batch(seq[:n], cap))  # type: ignore[attr-defined]
+                    drafts = drafts[:, : min(drafts.shape[1], room, max_tokens - emitted - 1)]
+                    t1 = time.perf_counter()
+                    accepted, n_drafted = self._verify_batch(int(seq[n - 1]), drafts)
+                    new = accepted
+                    n_acc = len(accepted) - 1
+                else:
+                    tree = drafter.propose(seq[:n], cap)
+                    t1 = time.perf_counter()
+                    path, bonus = self._verify(seq[:n], tree, params, rng)
+                    new = [int(t) for t in tree.tokens[path]] + [bonus]
+                    n_acc, n_drafted = len(path), len(tree)
                 t2 = time.perf_counter()
-                new = [int(t) for t in tree.tokens[path]] + [bonus]
                 cut = len(new)
                 finish = None
                 for i, tok in enumerate(new):
@@ -132,7 +143,7 @@ class Decoder:
                 n += cut
                 emitted += cut
                 drafter.update(seq[:n], cut)
-                yield Step(new, len(path), len(tree), t1 - t0, t2 - t1, finish)
+                yield Step(new, n_acc, n_drafted, t1 - t0, t2 - t1, finish)
                 if finish is not None:
                     return
         finally:
@@ -140,6 +151,27 @@ class Decoder:
             keep = min(self.backend.cache_len, n - 1)
             self.backend.trim(keep)
             self.cached = seq[:keep].tolist()
+
+    def _use_batch(self, drafter: Drafter, params: SamplingParams) -> bool:
+        """The batched path: greedy decoding, a drafter with a (k, w) matrix, a backend
+        that verifies batches, and the drafter's ``verify`` mode (``auto`` = the
+        backend's measured default)."""
+        if params.needs_logits or not isinstance(drafter, BatchDrafter):
+            return False
+        if not isinstance(self.backend, BatchVerifier):
+            return False
+        return drafter.verify == "batch" or (drafter.verify == "auto" and self.backend.batch_by_default)
+
+    def _verify_batch(self, root: int, drafts: np.ndarray) -> tuple[list[int], int]:
+        """One batched forward; commits the best row. Returns (emitted tokens, drafted)."""
+        backend = self.backend
+        assert isinstance(backend, BatchVerifier)
+        if drafts.shape[0] == 0 or drafts.shape[1] == 0:
+            drafts = np.zeros((1, 0), np.int64)  # a plain step: one row, the root alone
+        argmax = backend.verify_batch(root, drafts)
+        row, n_acc, bonus = accept_batch(drafts, argmax)
+        backend.commit_batch(row, n_acc + 1)
+        return [int(t) for t in drafts[row, :n_acc]] + [bonus], int(drafts.size)
 
     def _verify(
         self, context: np.ndarray, tree: DraftTree, params: SamplingParams, rng: np.random.Generator

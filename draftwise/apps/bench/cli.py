@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,9 @@ from draftwise.errors import DraftwiseError
 
 
 def _names(text: str | None) -> list[str]:
-    return [s.strip() for s in (text or "").split(",") if s.strip()]
+    """Split a comma list; a comma followed by ``key=`` continues a drafter's options
+    (``ngrammys:k=5,w=4,cacheback`` is two drafters)."""
+    return [s.strip() for s in re.split(r",(?!\s*[A-Za-z_]\w*=)", text or "") if s.strip()]
 
 
 def setup_arg_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

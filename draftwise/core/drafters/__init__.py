@@ -1,6 +1,15 @@
 """Drafters by name, so apps and the API build them from a string.
 
+A name may carry constructor options after a colon, ``name:key=value,...`` (values are
+read as int, float, true/false, else kept as text); ``a+b`` combines drafters, each part
+with its own options.
+
 Example::
+
+    >>> parse_spec("ngrammys:k=5,w=4")
+    ('ngrammys', {'k': 5, 'w': 4})
+    >>> make_drafter("context-ngram:k=3").k
+    3
 
     >>> make_drafter("cacheback", fl=2).name
     'cacheback'
@@ -17,6 +26,8 @@ from draftwise.core.autotune import AutoDrafter, CostModel
 from draftwise.core.drafters.base import Drafter, NoDrafter
 from draftwise.core.drafters.cacheback import Cacheback
 from draftwise.core.drafters.compose import Combined
+from draftwise.core.drafters.context_ngram import ContextNgram
+from draftwise.core.drafters.ngrammys import Bigram, NGrammys
 from draftwise.core.drafters.ssd import SSD
 from draftwise.errors import DraftwiseError
 
@@ -24,7 +35,11 @@ REGISTRY: dict[str, Callable[..., Drafter]] = {
     "none": NoDrafter,
     "cacheback": Cacheback,
     "ssd": SSD,
+    "context-ngram": ContextNgram,
+    "bigram": Bigram,
+    "ngrammys": NGrammys,
 }
+NEEDS_BIGRAM_TABLE = frozenset({"bigram", "ngrammys"})  # built from the model (api.py)
 
 
 def drafter_names() -> list[str]:
@@ -43,9 +58,37 @@ def _auto(cost: CostModel | None = None, max_budget: int = 64) -> Drafter:
 REGISTRY["auto"] = _auto
 
 
+def _value(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """Split one drafter spec ``name:key=value,...`` into (name, options)."""
+    name, sep, rest = spec.partition(":")
+    options: dict[str, Any] = {}
+    if sep:
+        for item in rest.split(","):
+            key, eq, val = item.partition("=")
+            if not eq or not key.strip().isidentifier() or not val.strip():
+                raise DraftwiseError(f"bad drafter option {item!r} in {spec!r} (write name:key=value,...)")
+            if key.strip() in options:
+                raise DraftwiseError(f"drafter option {key.strip()!r} given twice in {spec!r}")
+            options[key.strip()] = _value(val.strip())
+    return name.strip(), options
+
+
 def check_drafter_name(name: str) -> None:
-    """Raise ``DraftwiseError`` unless ``name`` names a drafter or a combination."""
-    parts = name.split("+")
+    """Raise ``DraftwiseError`` unless ``name`` names a drafter or a combination (each part
+    possibly with ``:key=value`` options)."""
+    parts = [parse_spec(p)[0] for p in name.split("+")]
     if len(parts) > 1 and ("none" in parts or "auto" in parts or len(set(parts)) != len(parts)):
         raise DraftwiseError(f"bad combined drafter {name!r}: list distinct drafters, not 'none' or 'auto'")
     for part in parts:
@@ -64,6 +107,11 @@ def make_drafter(name: str, **options: Any) -> Drafter:
         if options:
             raise DraftwiseError(f"options are not supported for a combined drafter ({name!r})")
         return Combined([make_drafter(p) for p in name.split("+")])
+    name, spec_options = parse_spec(name)
+    clash = sorted(set(spec_options) & set(options))
+    if clash:
+        raise DraftwiseError(f"drafter option {clash[0]!r} given both in {name!r} and as an argument")
+    options = {**spec_options, **options}
     factory = REGISTRY[name]
     try:
         return factory(**options)
@@ -71,4 +119,4 @@ def make_drafter(name: str, **options: Any) -> Drafter:
         raise DraftwiseError(f"bad option for drafter {name!r}: {exc}") from None
 
 
-__all__ = ["SSD", "AutoDrafter", "Cacheback", "Combined", "check_drafter_name", "Drafter", "NoDrafter", "drafter_names", "make_drafter"]
+__all__ = ["SSD", "AutoDrafter", "Bigram", "Cacheback", "ContextNgram", "NGrammys", "parse_spec", "Combined", "check_drafter_name", "Drafter", "NoDrafter", "drafter_names", "make_drafter"]
