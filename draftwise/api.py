@@ -90,6 +90,10 @@ class Model:
             return tuning.make_auto_drafter(self)
         if spec == "cacheback" and not options:
             return tuning.default_cacheback(self.tokenizer.identity())
+        from draftwise import ngram_tables
+
+        if ngram_tables.needs_table(spec):  # bigram / ngrammys: the model-derived table
+            return ngram_tables.make_table_drafter(self, spec, options)
         return make_drafter(spec, **options)
 
     def encode_prompt(self, prompt: Prompt, chat_template: bool = True) -> list[int]:
@@ -120,11 +124,12 @@ def load(
     model: str | os.PathLike[str] | None = None,
     backend: str = "auto",
     dtype: str | None = None,
+    invariant: bool | str = "auto",
 ) -> Model:
     """Load a model: ``None`` for the embedded default, a local HF-format directory, or a
     GGUF file (converted once into the cache). ``backend``: auto, torch, cuda or mlx."""
     model_dir = resolve_model(model)
-    be = make_backend(backend, model_dir, dtype)
+    be = make_backend(backend, model_dir, dtype, invariant)
     return Model(be, Tokenizer.from_dir(model_dir), model_dir)
 
 

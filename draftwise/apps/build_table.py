@@ -182,7 +182,9 @@ def self_generated(args: argparse.Namespace, n: int) -> Iterator[np.ndarray]:
     if not prompts:
         raise DraftwiseError("--self-generate needs a JSONL corpus file with prompts")
     rng = random.Random(args.seed)
-    model = draftwise.load(args.model, backend=args.backend, dtype=args.dtype)
+    model = draftwise.load(
+        args.model, backend=args.backend, dtype=args.dtype, invariant=args.invariant
+    )
     for i in range(n):
         prompt = rng.choice(prompts)
         ids = model.encode_prompt(prompt)

@@ -17,6 +17,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="compute backend (default: auto)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "4bit", "8bit"],
                    help="weights/compute dtype (default: the backend's; float32 for torch)")
+    p.add_argument("--invariant", default="auto", action=argparse.BooleanOptionalAction,
+                   help="batch-invariant verification: speculative output bit-equal to plain "
+                        "decoding in low precision (default: on for torch bf16 on CPU)")
 
 
 def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:

@@ -45,7 +45,9 @@ def main(args: argparse.Namespace) -> int:
     kwargs = sampling_kwargs(args)  # validates every flag before the model loads
     if not prompt.strip():
         raise DraftwiseError("the prompt is empty: give some text with --prompt or --prompt-file")
-    model = draftwise.load(args.model, backend=args.backend, dtype=args.dtype)
+    model = draftwise.load(
+        args.model, backend=args.backend, dtype=args.dtype, invariant=args.invariant
+    )
     parts: list[str] = []
     last = None
     for r in draftwise.stream_generate(model, prompt, chat_template=not args.ignore_chat_template, **kwargs):

@@ -33,7 +33,9 @@ def main(args: argparse.Namespace) -> int:
 
     if args.reps < 1:
         raise DraftwiseError(f"--reps must be >= 1, got {args.reps}")
-    model = draftwise.load(args.model, backend=args.backend, dtype=args.dtype)
+    model = draftwise.load(
+        args.model, backend=args.backend, dtype=args.dtype, invariant=args.invariant
+    )
     cost = tuning.ensure_profile(model) if args.show else tuning.tune(model, reps=args.reps)
     if args.json:
         print(json.dumps(cost.to_json()))

@@ -45,15 +45,20 @@ def resolve_backend_name(name: str) -> str:
     )
 
 
-def make_backend(name: str, model_dir: Path, dtype: str | None = None) -> Backend:
-    """Load the model in ``model_dir`` on the named backend (``dtype`` None = its default)."""
+def make_backend(
+    name: str, model_dir: Path, dtype: str | None = None, invariant: bool | str = "auto"
+) -> Backend:
+    """Load the model in ``model_dir`` on the named backend (``dtype`` None = its default).
+    ``invariant``: batch-invariant (bit-exact) verification; "auto" = where it is cheap."""
     concrete = resolve_backend_name(name)
     if concrete == "torch":
         if not _installed("torch"):
             raise DraftwiseError("backend 'torch' needs torch: pip install 'draftwise[torch]'")
         from draftwise.backends.cuda.backend import TorchBackend
 
-        return TorchBackend.from_pretrained(model_dir, dtype=dtype or "float32")
+        return TorchBackend.from_pretrained(
+            model_dir, dtype=dtype or "float32", invariant=invariant
+        )
     if not _installed("mlx"):
         raise DraftwiseError("backend 'mlx' needs mlx: pip install 'draftwise[mlx]'")
     from draftwise.backends.mlx.backend import MLXBackend  # type: ignore[import-not-found]

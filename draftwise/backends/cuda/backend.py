@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from draftwise.backends.cuda.batch import BatchMixin
+from draftwise.backends.cuda.invariant import MAX_ROWS, make_plan, min_rows
 from draftwise.backends.cuda.llama import Llama, causal_mask, read_llama_config, read_weights
 from draftwise.core.backend import Verified
 from draftwise.core.tree import DraftTree
@@ -29,6 +31,18 @@ from draftwise.errors import DraftwiseError
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PREFILL_CHUNK = 256  # rows per prefill forward: bounds the (T, S) mask and activations
 DEFAULT_MAX_CACHE = 8192  # slots preallocated when max_cache_len is not given
+# Where "auto" turns the batch-invariant mode on: measured cheap (a 16-row bf16 forward
+# costs about a 1-row one) and needed (bf16 argmax ties flip with the batch shape).
+INVARIANT_AUTO = {("cpu", "bfloat16")}
+
+
+def resolve_invariant(invariant: bool | str, device: torch.device, dtype: str) -> bool:
+    """``True``/``False`` as given; ``"auto"``: on where it is measured cheap."""
+    if invariant == "auto":
+        return (device.type, dtype) in INVARIANT_AUTO
+    if not isinstance(invariant, bool):
+        raise DraftwiseError(f"invariant must be True, False or 'auto', got {invariant!r}")
+    return invariant
 
 
 def _pick_device(device: str) -> torch.device:
@@ -41,11 +55,14 @@ def _pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-class TorchBackend:
+class TorchBackend(BatchMixin):
     """A llama-family model and its KV cache on one torch device (batch size 1)."""
 
-    def __init__(self, model: Llama, max_cache_len: int) -> None:
+    def __init__(self, model: Llama, max_cache_len: int, invariant: bool = False) -> None:
         self.model = model
+        # Batch-invariant verify (see invariant.py): plain decoding and tree verification
+        # become two schedules of one bit-exact computation, in any dtype.
+        self.invariant = invariant
         self.device = model.device
         self.dtype = str(model.dtype).removeprefix("torch.")
         self.name = f"torch-{self.device.type}-{self.dtype}"
@@ -63,17 +80,21 @@ class TorchBackend:
         dtype: str = "float32",
         device: str = "auto",
         max_cache_len: int | None = None,
+        invariant: bool | str = "auto",
     ) -> TorchBackend:
+        """``invariant``: batch-invariant verification (True/False; "auto" = on for bf16
+        on CPU). Example: ``TorchBackend.from_pretrained(d, dtype="bfloat16")``."""
         if dtype not in DTYPES:
             raise DraftwiseError(f"unknown dtype {dtype!r} (use {', '.join(DTYPES)})")
         if max_cache_len is not None and max_cache_len < 1:
             raise DraftwiseError(f"max_cache_len must be positive, got {max_cache_len}")
         dev = _pick_device(device)
+        inv = resolve_invariant(invariant, dev, dtype)
         cfg = read_llama_config(model_dir)
         cap = max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE
         limit = min(cfg.max_positions, cap)
         model = Llama(cfg, read_weights(Path(model_dir)), DTYPES[dtype], dev, limit)
-        return cls(model, limit)
+        return cls(model, limit, inv)
 
     # ----- cache bookkeeping -----------------------------------------------------------
     @property
@@ -132,6 +153,8 @@ class TorchBackend:
         host[:, 1] = start + tree.verify_positions()
         if n1 > 1:
             host[:, 2:] = tree.verify_mask()
+        if self.invariant:
+            return self._verify_invariant(host, need_logits)
         with torch.inference_mode():
             dev = torch.from_numpy(host).to(self.device, non_blocking=False)  # (N+1, 2+N+1)
             mask = None
@@ -141,6 +164,34 @@ class TorchBackend:
                 )  # (N+1, start + N+1)
             logits = self.model.forward(dev[:, 0], dev[:, 1], start, mask, need_logits=True)
             assert logits is not None
+            return self._finish(logits, need_logits)
+
+    def _verify_invariant(self, host: np.ndarray, need_logits: bool) -> Verified:
+        """``verify`` in batch-invariant mode: chunks of at most MAX_ROWS rows, padded to
+        ``min_rows`` with copies of the chunk's first row (their K/V is not written)."""
+        n1, start = host.shape[0], self._len
+        # Row i sees the cache, then its ancestors and itself among the new slots.
+        vis = host[:, 2:].astype(bool) if n1 > 1 else np.ones((1, 1), bool)  # (N+1, N+1)
+        rows = [(start + np.flatnonzero(vis[i])).tolist() for i in range(n1)]
+        pad = min_rows(self.dtype)
+        parts = []
+        with torch.inference_mode():
+            for c0 in range(0, n1, MAX_ROWS):
+                c1 = min(n1, c0 + MAX_ROWS)
+                sel = list(range(c0, c1)) + [c0] * max(0, pad - (c1 - c0))
+                plan = make_plan(start, [rows[i] for i in sel], self.device)
+                ids = torch.from_numpy(host[sel, :2]).to(self.device)  # (R, 2)
+                logits = self.model.forward(
+                    ids[:, 0], ids[:, 1], start + c0, None, True, plan=plan, n_write=c1 - c0
+                )
+                assert logits is not None
+                parts.append(logits[: c1 - c0])  # (c1 - c0, V)
+            return self._finish(torch.cat(parts) if len(parts) > 1 else parts[0], need_logits)
+
+    def _finish(self, logits: torch.Tensor, need_logits: bool) -> Verified:
+        """Argmax (and logits when asked for) of the verified rows, on the host."""
+        n1 = logits.shape[0]
+        with torch.inference_mode():
             argmax = logits.argmax(dim=-1)  # (N+1,)
             self._pending = n1
             if self.device.type == "cpu":

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from draftwise.backends.cuda.invariant import Plan, block_attention
 from draftwise.errors import DraftwiseError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -263,14 +264,21 @@ class Llama:
         start: int,
         mask: torch.Tensor | None,
         need_logits: bool,
+        plan: Plan | None = None,
+        n_write: int | None = None,
     ) -> torch.Tensor | None:
         """Run ``tokens`` (T,) at RoPE ``positions`` (T,), writing their K/V to cache
         slots ``start .. start+T``. ``mask`` (T, start+T) bool, True = may attend; None
         means every row sees every slot up to ``start+T`` (right for T == 1).
         Returns logits (T, V) when ``need_logits`` else None (prefill skips the lm_head).
+
+        With a ``plan`` (batch-invariant mode, see ``invariant.py``) attention follows
+        the plan and ``mask`` is ignored; only the first ``n_write`` rows (default all)
+        write K/V, so padding rows never touch the cache.
         """
         cfg = self.cfg
         t = tokens.shape[0]
+        w = t if n_write is None else n_write
         end = start + t
         h, hkv, d, rep = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.n_rep
         cos = self.cos[positions].unsqueeze(1)  # (T, 1, D)
@@ -289,16 +297,19 @@ class Llama:
             k = qk[:, h:].transpose(0, 1)  # (H_kv, T, D)
             v = qkv[:, (h + hkv) * d :].view(t, hkv, d).transpose(0, 1)  # (H_kv, T, D)
             kv = self.cache[li]  # (2, H_kv, T_max, D)
-            kv[0, :, start:end] = k
-            kv[1, :, start:end] = v
-            keys = kv[0, :, :end].unsqueeze(0)  # (1, H_kv, S, D)
-            values = kv[1, :, :end].unsqueeze(0)  # (1, H_kv, S, D)
-            # GQA without repeating K/V: the rep query heads sharing a kv head become
-            # rep * T query rows of that head (HF's repeat_kv maps q head j -> kv j // rep).
-            q = q.reshape(1, hkv, rep * t, d)  # (1, H_kv, rep T, D)
-            # (1, H_kv, rep T, D)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-            o = o.view(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, H D)
+            kv[0, :, start : start + w] = k[:, :w]
+            kv[1, :, start : start + w] = v[:, :w]
+            if plan is not None:
+                o = block_attention(q, kv, plan, rep).to(x.dtype)  # (T, H D)
+            else:
+                keys = kv[0, :, :end].unsqueeze(0)  # (1, H_kv, S, D)
+                values = kv[1, :, :end].unsqueeze(0)  # (1, H_kv, S, D)
+                # GQA without repeating K/V: the rep query heads sharing a kv head become
+                # rep * T query rows of that head (HF's repeat_kv: q head j -> kv j // rep).
+                qg = q.reshape(1, hkv, rep * t, d)  # (1, H_kv, rep T, D)
+                # (1, H_kv, rep T, D)
+                o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
+                o = o.view(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, H D)
             x = x + F.linear(o, layer.wo)  # (T, C)
             hn = rms_norm(x, layer.mlp_norm, cfg.norm_eps)  # (T, C)
             gate, up = F.linear(hn, layer.w13).chunk(2, dim=-1)  # 2 x (T, F)

@@ -1,0 +1,112 @@
+"""Batch-invariant verification: a row's logits do not depend on the other rows.
+
+In low precision a many-row forward otherwise runs different kernels (and reduction
+orders) than a one-row forward, so near-tied argmaxes flip and speculative output drifts
+from plain decoding. In this mode plain decoding and tree verification are two schedules
+of ONE deterministic computation. What was measured on CPU (torch 2.13, oneDNN/MKL;
+``/tmp/dw10/measure*.py`` in the issue-10 report) and what this module relies on:
+
+- bf16 ``F.linear``: row 0 is bit-identical for every M in 1..256 for the layer shapes,
+  and for M in 1..32 for the lm_head (M >= 33 switches kernel). So rows are processed in
+  chunks of at most ``MAX_ROWS`` = 32 and never padded.
+- float32 ``F.linear``: M = 1 (gemv) differs from M >= 2, and M in 2..15 differs from
+  16..56. So float32 chunks are padded to ``min_rows("float32")`` = 16 rows.
+- SDPA differs as soon as masked keys sit between visible ones (a tree's siblings), so
+  attention is written out here, in float32, from primitives that measured invariant:
+  ``q @ K^T`` (any M >= 3, any N, batched or not), ``p @ V`` over a fixed block of
+  ``BLOCK`` keys (any M >= 3), a sum over the contiguous last dim of fixed size, a max,
+  and a sum over a leading "block" dim to which trailing all-zero blocks add nothing.
+
+Each row attends over its own *logical* key list: cache slots ``0 .. L-1`` then the slots
+of its tree ancestors and itself, in depth order: exactly the list a plain step at that
+position sees. The list is cut into blocks of ``BLOCK`` logical positions: blocks fully
+inside the committed cache are shared by all rows (one GEMM); the rest (the "tail") is
+gathered per row and padded with masked keys. Every block yields exp-sums and ``p @ V``
+partials against the row's global max; the partials are summed in block order, so a
+padding block adds exact zeros.
+
+Example::
+
+    plan = make_plan(committed=40, rows=[[40], [40, 41]], device=torch.device("cpu"))
+    o = block_attention(q, cache_layer, plan, rep=3)   # q (H, T, D) -> (T, H D) float32
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+BLOCK = 64  # logical key positions per attention block
+MAX_ROWS = 32  # rows per forward: the bf16 lm_head GEMM is row-invariant only up to 32
+_MIN_ROWS = {"float32": 16}  # pad to this many rows (float32 GEMMs: 16..56 is one kernel)
+
+
+def min_rows(dtype: str) -> int:
+    """Rows every invariant forward is padded to for ``dtype`` (1 = no padding)."""
+    return _MIN_ROWS.get(dtype, 1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which keys each row attends to, split into shared blocks and a gathered tail."""
+
+    shared: int  # keys in full blocks below the committed length: slots 0 .. shared-1
+    tail_idx: torch.Tensor  # (T, nT * BLOCK) int64 cache slots of the rest of each list
+    tail_ok: torch.Tensor  # (T, nT * BLOCK) bool, False = padding
+
+
+def make_plan(committed: int, rows: Sequence[Sequence[int]], device: torch.device) -> Plan:
+    """``rows[i]``: the cache slots at or after ``committed`` that row i sees (its tree
+    ancestors and itself, in depth order); every row also sees slots ``0..committed-1``."""
+    shared = (committed // BLOCK) * BLOCK
+    lens = [committed - shared + len(r) for r in rows]
+    width = -(-max(lens) // BLOCK) * BLOCK
+    idx = np.zeros((len(rows), width), np.int64)  # (T, nT B); padding reads slot 0
+    ok = np.zeros((len(rows), width), bool)  # (T, nT B)
+    prefix = np.arange(shared, committed, dtype=np.int64)
+    for i, r in enumerate(rows):
+        idx[i, : lens[i]] = np.concatenate([prefix, np.asarray(r, np.int64)])
+        ok[i, : lens[i]] = True
+    return Plan(shared, torch.from_numpy(idx).to(device), torch.from_numpy(ok).to(device))
+
+
+def block_attention(q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int) -> torch.Tensor:
+    """Attention of ``q`` (H, T, D) over one layer's cache ``kv`` (2, H_kv, T_max, D)
+    following ``plan``; returns (T, H D) float32. Row-invariant: see the module doc."""
+    h, t, d = q.shape
+    hkv = h // rep
+    # Scale q first (elementwise), so the score GEMMs are plain q @ K^T.
+    qf = q.float().mul(d**-0.5).view(hkv, rep, t, d)  # (H_kv, rep, T, D)
+    qt = qf.transpose(1, 2)  # (H_kv, T, rep, D)
+    kt = kv[0][:, plan.tail_idx].float()  # (H_kv, T, nT B, D)
+    vt = kv[1][:, plan.tail_idx].float()  # (H_kv, T, nT B, D)
+    st = qt @ kt.transpose(-1, -2)  # (H_kv, T, rep, nT B)
+    st = st.masked_fill(~plan.tail_ok[None, :, None, :], float("-inf"))
+    m = st.amax(-1, keepdim=True)  # (H_kv, T, rep, 1)
+    ns = plan.shared // BLOCK
+    if ns:
+        ks = kv[0, :, : plan.shared].float()  # (H_kv, S, D)
+        vs = kv[1, :, : plan.shared].float().view(hkv, ns, BLOCK, d)  # (H_kv, nS, B, D)
+        ss = qf.reshape(hkv, rep * t, d) @ ks.transpose(-1, -2)  # (H_kv, rep T, S)
+        ss = ss.view(hkv, rep, t, plan.shared).transpose(1, 2)  # (H_kv, T, rep, S)
+        m = torch.maximum(m, ss.amax(-1, keepdim=True))  # (H_kv, T, rep, 1)
+    nt = st.shape[-1] // BLOCK
+    et = torch.exp(st - m).view(hkv, t, rep, nt, BLOCK)  # (H_kv, T, rep, nT, B)
+    lsum = et.sum(-1).permute(3, 0, 1, 2)  # (nT, H_kv, T, rep)
+    # (H_kv, T, nT, rep, B) @ (H_kv, T, nT, B, D) -> (nT, H_kv, T, rep, D)
+    osum = (et.transpose(2, 3) @ vt.view(hkv, t, nt, BLOCK, d)).permute(2, 0, 1, 3, 4)
+    if ns:
+        es = torch.exp(ss - m).view(hkv, t, rep, ns, BLOCK)  # (H_kv, T, rep, nS, B)
+        ls = es.sum(-1).permute(3, 0, 1, 2)  # (nS, H_kv, T, rep)
+        # (H_kv, nS, T rep, B) @ (H_kv, nS, B, D) -> (nS, H_kv, T, rep, D)
+        es = es.permute(0, 3, 1, 2, 4).reshape(hkv, ns, t * rep, BLOCK)
+        os_ = (es @ vs).view(hkv, ns, t, rep, d).transpose(0, 1)
+        # Logical block order: shared blocks first, then the tail (whose padding is zeros).
+        lsum = torch.cat([ls, lsum])  # (nb, H_kv, T, rep)
+        osum = torch.cat([os_, osum])  # (nb, H_kv, T, rep, D)
+    # Summing over the leading block dim adds blocks in order: zero blocks change nothing.
+    o = osum.sum(0) / lsum.sum(0).unsqueeze(-1)  # (H_kv, T, rep, D)
+    return o.permute(1, 0, 2, 3).reshape(t, h * d)  # (T, H D): head = kv * rep + r

@@ -1,0 +1,126 @@
+"""Batch-invariant mode: a row's logits are bit-identical whatever else is verified with it.
+
+A plain decoding step and the same row inside a draft tree (random siblings before and
+after it = masked keys between its visible ones, 2..40 rows = several chunk shapes) must
+give ``torch.equal`` logits, in bf16 and float32, on a tiny random llama and once on the
+real default model. The slow test checks the end-to-end promise on Spec-Bench prompts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from draftwise.backends.cuda import TorchBackend  # noqa: E402
+from draftwise.backends.cuda.backend import resolve_invariant  # noqa: E402
+from draftwise.core.tree import DraftTree  # noqa: E402
+from draftwise.errors import DraftwiseError  # noqa: E402
+from tests.backends.cuda.test_torch_backend import V, _save_tiny  # noqa: E402
+
+
+def _plain_logits(be: TorchBackend, ctx: np.ndarray, path: list[int]) -> list[np.ndarray]:
+    """Logits of plain one-row steps over ``ctx[-1]`` then ``path``; cache left at ctx[:-1]."""
+    out = []
+    for tok in [int(ctx[-1]), *path]:
+        v = be.verify(tok, DraftTree.empty(), need_logits=True)
+        be.commit(np.array([0]))
+        assert v.logits is not None
+        out.append(v.logits[0].copy())
+    be.trim(len(ctx) - 1)
+    return out
+
+
+def _tree_with_path(
+    rng: np.random.Generator, path: list[int], n_other: int
+) -> tuple[DraftTree, list[int]]:
+    """Random single-token siblings, the path (as a chain), more siblings; returns the
+    tree and the verify rows of the path's nodes (root row 0 first)."""
+    before = n_other // 2
+    paths = [[int(t)] for t in rng.integers(0, V, before)]
+    paths.append(path)
+    paths += [[int(t)] for t in rng.integers(0, V, n_other - before)]
+    tree = DraftTree.from_paths(paths)
+    rows = [0]
+    for depth in range(len(path)):
+        node = next(
+            i for i in range(len(tree))
+            if tree.tokens[tree.path_to(i)].tolist() == path[: depth + 1]
+        )
+        rows.append(node + 1)
+    return tree, rows
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("ctx_len", [20, 62, 130])  # no shared block / tail crosses one / both
+def test_row_logits_do_not_depend_on_the_batch(tmp_path, dtype, ctx_len):
+    model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+    rng = np.random.default_rng(ctx_len)
+    ctx = rng.integers(0, V, ctx_len)
+    path = [int(t) for t in rng.integers(0, V, 3)]
+    be = TorchBackend.from_pretrained(model_dir, dtype=dtype, device="cpu", invariant=True)
+    be.prefill(ctx[:-1])
+    want = _plain_logits(be, ctx, path)
+    for n_other in (0, 1, 5, 12, 28, 36):  # 4..40 rows: 1 or 2 chunks, padded or not
+        tree, rows = _tree_with_path(rng, path, n_other)
+        out = be.verify(int(ctx[-1]), tree, need_logits=True)
+        assert out.logits is not None
+        for j, r in enumerate(rows):
+            assert torch.equal(torch.from_numpy(out.logits[r]), torch.from_numpy(want[j])), (
+                f"{dtype}: path row {j} differs inside a {len(tree) + 1}-row verify"
+            )
+        # Commit the path: the next plain step must still match (K/V written identically).
+        be.commit(np.array(rows))
+        nxt = be.verify(7, DraftTree.empty(), need_logits=True)
+        be.trim(len(ctx) - 1)
+        assert nxt.logits is not None
+        ref = _plain_logits(be, ctx, [*path, 7])[-1]
+        assert torch.equal(torch.from_numpy(nxt.logits[0]), torch.from_numpy(ref))
+
+
+def test_resolve_invariant():
+    cpu = torch.device("cpu")
+    assert resolve_invariant("auto", cpu, "bfloat16") is True
+    assert resolve_invariant("auto", cpu, "float32") is False
+    assert resolve_invariant(True, cpu, "float32") is True
+    with pytest.raises(DraftwiseError, match="invariant"):
+        resolve_invariant("yes", cpu, "float32")
+
+
+def test_default_model_row_invariance(default_model_dir):
+    be = TorchBackend.from_pretrained(
+        default_model_dir, dtype="bfloat16", device="cpu", max_cache_len=512, invariant=True
+    )
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(0, 49152, 90)
+    path = [11, 22, 33]
+    be.prefill(ctx[:-1])
+    want = _plain_logits(be, ctx, path)
+    tree, rows = _tree_with_path(np.random.default_rng(1), path, 20)
+    out = be.verify(int(ctx[-1]), tree, need_logits=True)
+    assert out.logits is not None
+    for j, r in enumerate(rows):
+        assert torch.equal(torch.from_numpy(out.logits[r]), torch.from_numpy(want[j]))
+
+
+@pytest.mark.slow
+def test_bf16_cacheback_equals_plain_on_specbench(default_model_dir):
+    import draftwise
+    from tests.prompts import bench_prompts, one_per_category
+
+    model = draftwise.load(default_model_dir, backend="torch", dtype="bfloat16")
+    assert model.backend.invariant  # "auto" turns it on for bf16 on CPU
+    rows = one_per_category(bench_prompts(), ["coding", "summarization", "math_reasoning", "qa"])
+    for row in rows:
+        outs = {}
+        for name in ("none", "cacheback"):
+            model.decoder.reset()
+            if name != "none":
+                model.drafter(name).reset()
+            last = None
+            for r in draftwise.stream_generate(model, row["turns"][0], drafter=name, max_tokens=64):
+                last = r
+            outs[name] = last.token_ids
+        assert outs["cacheback"] == outs["none"], row["category"]
