@@ -82,18 +82,22 @@ class Model:
         return self.drafters[spec]
 
     def _build_drafter(self, spec: str, options: dict[str, Any]) -> Drafter:
-        """``auto`` needs this device's cost profile; ``cacheback`` gets the shipped
-        frozen table when it matches this model's tokenizer (unless options say else)."""
-        from draftwise import tuning
+        """Drafters that need the model: ``auto`` (this device's cost profile), ``bigram``
+        and ``ngrammys`` (the model-derived table), ``cacheback`` (the shipped frozen
+        table when it matches this model's tokenizer); ``a+b`` combines them."""
+        from draftwise import ngram_tables, tuning
+        from draftwise.core.drafters import Combined, check_drafter_name, parse_spec
 
+        check_drafter_name(spec)
+        if "+" in spec:
+            return Combined([self._build_drafter(part, {}) for part in spec.split("+")])
         if spec == "auto" and not options:
             return tuning.make_auto_drafter(self)
-        if spec == "cacheback" and not options:
-            return tuning.default_cacheback(self.tokenizer.identity())
-        from draftwise import ngram_tables
-
         if ngram_tables.needs_table(spec):  # bigram / ngrammys: the model-derived table
             return ngram_tables.make_table_drafter(self, spec, options)
+        name, parsed = parse_spec(spec)
+        if name == "cacheback":
+            return tuning.default_cacheback(self.tokenizer.identity(), **parsed, **options)
         return make_drafter(spec, **options)
 
     def encode_prompt(self, prompt: Prompt, chat_template: bool = True) -> list[int]:

@@ -17,12 +17,12 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from draftwise.core.autotune import AutoDrafter, CostModel
 from draftwise.core.costprofile import measure_cost_curve
 from draftwise.core.drafters.base import Drafter
-from draftwise.core.drafters.cacheback import Cacheback
+from draftwise.core.drafters import make_drafter
 from draftwise.core.drafters.frozen_table import DEFAULT_TABLE, FrozenTable
 from draftwise.core.drafters.ssd import SSD
 from draftwise.errors import DraftwiseError
@@ -95,12 +95,18 @@ def ensure_profile(model: Model, quiet: bool = False, reps: int = 3) -> CostMode
     return tune(model, quiet=quiet, reps=reps)
 
 
-def default_cacheback(tokenizer_id: str) -> Cacheback:
-    """Cacheback with the shipped frozen table when it was built for this tokenizer."""
-    try:
-        return Cacheback(frozen=FrozenTable.load(DEFAULT_TABLE, tokenizer_id))
-    except DraftwiseError:
-        return Cacheback()
+def default_cacheback(tokenizer_id: str, **options: Any) -> Drafter:
+    """Cacheback with ``options``, plus the shipped frozen table when it was built for
+    this tokenizer and the options neither give their own nor ask for ``table=dynamic``."""
+    if "frozen_path" in options:
+        options.setdefault("tokenizer_id", tokenizer_id)
+    own = "frozen" in options or "frozen_path" in options or options.get("table") == "dynamic"
+    if not own and options.get("ll", 1) == 1:  # the shipped table has leaders of 1 token
+        try:
+            options["frozen"] = FrozenTable.load(DEFAULT_TABLE, tokenizer_id)
+        except DraftwiseError:
+            pass  # made for another model's tokenizer: dynamic table only
+    return make_drafter("cacheback", **options)
 
 
 def make_auto_drafter(model: Model, quiet: bool = False) -> Drafter:

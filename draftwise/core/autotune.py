@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from draftwise.core.atomic import atomic_file
 from draftwise.core.drafters.base import Drafter
 from draftwise.core.drafters.compose import load_members, save_members
 from draftwise.core.tree import DraftTree, merge_trees
@@ -86,12 +86,9 @@ class CostModel:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically (temp file + rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path, "w") as f:
             json.dump(self.to_json(), f, indent=1)
-        os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostModel:

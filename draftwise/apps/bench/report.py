@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from draftwise.apps.bench.metrics import OVERALL
+from draftwise.core.atomic import atomic_path
 
 TIMING_NOTE = (
     "Timing: wall time per turn, measured around the whole generation from the "
@@ -38,14 +38,8 @@ TIMING_NOTE = (
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` on a temporary path next to ``path``, then move it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_path(path) as tmp:
+        write(tmp)
 
 
 def write_text(path: Path, text: str) -> None:

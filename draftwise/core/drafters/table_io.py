@@ -23,15 +23,14 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 import zipfile
 import zlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from draftwise.core.atomic import atomic_file
 from draftwise.errors import DraftwiseError
 
 FORMAT_VERSION = 1
@@ -58,22 +57,10 @@ def write_table(
     fields.update({k: np.array(int(v), np.int64) for k, v in meta.items()})
     fields.update({k: np.ascontiguousarray(a) for k, a in arrays.items()})
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=os.path.dirname(target))
-    except OSError as exc:
-        raise DraftwiseError(f"cannot write table file '{target}': {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_file(target, "wb") as f:
             (np.savez_compressed if compress else np.savez)(f, **fields)  # type: ignore[arg-type]
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; tables are not secrets
-        os.replace(tmp, target)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise DraftwiseError(f"cannot write table file '{target}': {exc}") from None
-        raise
+    except OSError as exc:
+        raise DraftwiseError(f"cannot write table file '{target}': {exc}") from None
 
 
 def read_table(

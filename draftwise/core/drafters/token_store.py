@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import os
-import tempfile
 import threading
 import zipfile
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from draftwise.core.atomic import atomic_file
 from draftwise.errors import DraftwiseError
 
 SEPARATOR = -1
@@ -160,16 +160,8 @@ class TokenStore:
                 "records": np.array(self._records, np.int64).reshape(-1, 3),
             }
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)  # a file object: numpy adds no ".npz" suffix
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(path, "wb") as f:
+            np.savez(f, **arrays)  # a file object: numpy adds no ".npz" suffix
 
     def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
         """Replace the contents with the store saved at ``path``. A missing, corrupt or
