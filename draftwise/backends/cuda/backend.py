@@ -25,6 +25,7 @@ from draftwise.backends.cuda.batch import BatchMixin
 from draftwise.backends.cuda.invariant import MAX_ROWS, make_plan, min_rows
 from draftwise.backends.cuda.llama import Llama, causal_mask, read_llama_config, read_weights
 from draftwise.core.backend import Verified
+from draftwise.core.cachebook import CacheBook
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
 
@@ -55,7 +56,7 @@ def _pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-class TorchBackend(BatchMixin):
+class TorchBackend(CacheBook, BatchMixin):
     """A llama-family model and its KV cache on one torch device (batch size 1)."""
 
     def __init__(self, model: Llama, max_cache_len: int, invariant: bool = False) -> None:
@@ -66,10 +67,7 @@ class TorchBackend(BatchMixin):
         self.device = model.device
         self.dtype = str(model.dtype).removeprefix("torch.")
         self.name = f"torch-{self.device.type}-{self.dtype}"
-        self.vocab_size = model.cfg.vocab_size
-        self.context_limit = max_cache_len
-        self._len = 0
-        self._pending = 0  # rows written by the last verify, 0 once committed
+        CacheBook.__init__(self, max_cache_len, model.cfg.vocab_size)
         # Reused for every verify's mask: the cache prefix is always fully visible.
         self._ones = torch.ones((1, max_cache_len), dtype=torch.bool, device=self.device)
 
@@ -95,35 +93,6 @@ class TorchBackend(BatchMixin):
         limit = min(cfg.max_positions, cap)
         model = Llama(cfg, read_weights(Path(model_dir)), DTYPES[dtype], dev, limit)
         return cls(model, limit, inv)
-
-    # ----- cache bookkeeping -----------------------------------------------------------
-    @property
-    def cache_len(self) -> int:
-        return self._len
-
-    def reset(self) -> None:
-        # Nothing to clear: slots past cache_len are never read before being rewritten.
-        self._len = 0
-        self._pending = 0
-
-    def trim(self, n: int) -> None:
-        if not 0 <= n <= self._len:
-            raise DraftwiseError(f"cannot trim the cache to {n} tokens: it holds {self._len}")
-        self._len = n
-        self._pending = 0
-
-    def _check_room(self, what: str, n: int) -> None:
-        if self._len + n > self.context_limit:
-            raise DraftwiseError(
-                f"{what} of {n} tokens after {self._len} cached exceeds the context "
-                f"limit {self.context_limit}"
-            )
-
-    def _check_ids(self, ids: np.ndarray) -> None:
-        # An out-of-range id would be a device-side assert on CUDA; catch it on the host.
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            bad = ids[(ids < 0) | (ids >= self.vocab_size)][0]
-            raise DraftwiseError(f"token id {bad} outside the vocabulary (size {self.vocab_size})")
 
     # ----- forward passes --------------------------------------------------------------
     def prefill(self, tokens: np.ndarray) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 from draftwise.backends.mlx.llama import Llama
 from draftwise.backends.mlx.load import context_window, default_dtype, has_gpu, load_module
 from draftwise.core.backend import Verified
+from draftwise.core.cachebook import CacheBook
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
 
@@ -34,7 +35,7 @@ PREFILL_CHUNK = 256  # rows per prefill forward: bounds activations and the eval
 DEFAULT_MAX_CACHE = 8192  # positions served when max_cache_len is not given
 
 
-class MLXBackend:
+class MLXBackend(CacheBook):
     """A llama-family mlx-lm model and its KV cache (batch size 1)."""
 
     def __init__(
@@ -43,10 +44,7 @@ class MLXBackend:
         self.model = Llama(module, cfg, max_cache_len)
         self.dtype = dtype
         self.name = f"mlx-{'gpu' if has_gpu() else 'cpu'}-{dtype}"
-        self.vocab_size = self.model.vocab_size
-        self.context_limit = max_cache_len
-        self._len = 0
-        self._pending = 0  # rows written by the last verify, 0 once committed
+        CacheBook.__init__(self, max_cache_len, self.model.vocab_size)
 
     @classmethod
     def from_pretrained(
@@ -63,35 +61,6 @@ class MLXBackend:
         module, cfg = load_module(model_dir, dtype)
         cap = max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE
         return cls(module, cfg, dtype, min(context_window(cfg), cap))
-
-    # ----- cache bookkeeping -----------------------------------------------------------
-    @property
-    def cache_len(self) -> int:
-        return self._len
-
-    def reset(self) -> None:
-        # Nothing to clear: slots past cache_len are never read before being rewritten.
-        self._len = 0
-        self._pending = 0
-
-    def trim(self, n: int) -> None:
-        if not 0 <= n <= self._len:
-            raise DraftwiseError(f"cannot trim the cache to {n} tokens: it holds {self._len}")
-        self._len = n
-        self._pending = 0
-
-    def _check_room(self, what: str, n: int) -> None:
-        if self._len + n > self.context_limit:
-            raise DraftwiseError(
-                f"{what} of {n} tokens after {self._len} cached exceeds the context "
-                f"limit {self.context_limit}"
-            )
-
-    def _check_ids(self, ids: np.ndarray) -> None:
-        # MLX does not bounds-check gathers: an out-of-range id would read garbage.
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            bad = ids[(ids < 0) | (ids >= self.vocab_size)][0]
-            raise DraftwiseError(f"token id {bad} outside the vocabulary (size {self.vocab_size})")
 
     # ----- forward passes --------------------------------------------------------------
     def prefill(self, tokens: np.ndarray) -> None:

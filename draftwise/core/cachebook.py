@@ -1,0 +1,64 @@
+"""Bookkeeping every backend's KV cache shares: its length, trimming, and the checks
+that turn a user's mistake into a clear error before any tensor work.
+
+A backend inherits ``CacheBook`` and only does the tensor work: it reads ``_len`` (the
+cached tokens), sets ``_pending`` (rows written by the last verify, 0 once committed),
+and calls ``_check_room``/``_check_ids`` before a forward.
+
+Example::
+
+    >>> class Toy(CacheBook):
+    ...     def __init__(self):
+    ...         super().__init__(context_limit=8, vocab_size=100)
+    >>> t = Toy(); t._len = 5
+    >>> t.trim(3); t.cache_len
+    3
+    >>> t._check_room("prefill", 6)
+    Traceback (most recent call last):
+    ...
+    draftwise.errors.DraftwiseError: prefill of 6 tokens after 3 cached exceeds the context limit 8
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from draftwise.errors import DraftwiseError
+
+
+class CacheBook:
+    """Length and checks of a single-sequence KV cache of ``context_limit`` slots."""
+
+    def __init__(self, context_limit: int, vocab_size: int) -> None:
+        self.context_limit = context_limit
+        self.vocab_size = vocab_size
+        self._len = 0  # tokens held by the cache
+        self._pending = 0  # rows written by the last verify, 0 once committed
+
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        # Nothing to clear: slots past cache_len are never read before being rewritten.
+        self._len = 0
+        self._pending = 0
+
+    def trim(self, n: int) -> None:
+        if not 0 <= n <= self._len:
+            raise DraftwiseError(f"cannot trim the cache to {n} tokens: it holds {self._len}")
+        self._len = n
+        self._pending = 0
+
+    def _check_room(self, what: str, n: int) -> None:
+        if self._len + n > self.context_limit:
+            raise DraftwiseError(
+                f"{what} of {n} tokens after {self._len} cached exceeds the context "
+                f"limit {self.context_limit}"
+            )
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        # Out-of-range ids are a device-side assert on CUDA and a garbage read in MLX.
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = ids[(ids < 0) | (ids >= self.vocab_size)][0]
+            raise DraftwiseError(f"token id {bad} outside the vocabulary (size {self.vocab_size})")
