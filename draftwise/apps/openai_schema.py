@@ -311,27 +311,18 @@ def chunk(
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         obj = "text_completion"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": created,
-        "model": req.model,
-        "system_fingerprint": None,
-        "choices": [choice],
-    }
+    return _envelope(req, rid, created, obj, choices=[choice])
 
 
 def usage_chunk(req: GenRequest, rid: str, created: int, use: dict[str, Any]) -> dict[str, Any]:
     obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": created,
-        "model": req.model,
-        "system_fingerprint": None,
-        "choices": [],
-        "usage": use,
-    }
+    return _envelope(req, rid, created, obj, choices=[], usage=use)
+
+
+def _envelope(req: GenRequest, rid: str, created: int, obj: str, **fields: Any) -> dict[str, Any]:
+    """The fields every streamed chunk shares, then ``fields``."""
+    return {"id": rid, "object": obj, "created": created, "model": req.model,
+            "system_fingerprint": None, **fields}
 
 
 def completion(
