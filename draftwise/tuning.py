@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from draftwise.core.autotune import AutoDrafter, CostModel
 from draftwise.core.costprofile import measure_cost_curve
-from draftwise.core.drafters.base import Drafter
 from draftwise.core.drafters import make_drafter
+from draftwise.core.drafters.base import Drafter
 from draftwise.core.drafters.frozen_table import DEFAULT_TABLE, FrozenTable
 from draftwise.core.drafters.ssd import SSD
 from draftwise.errors import DraftwiseError
@@ -49,7 +49,12 @@ def device_description(backend_name: str) -> str:
         cpu = found.group(1).strip() if found else cpu
     except OSError:
         pass
-    return f"{cpu} x{os.cpu_count()}"
+    threads = os.cpu_count()
+    if backend_name.startswith("torch"):
+        import torch
+
+        threads = torch.get_num_threads()  # the cost curve depends on it (OMP_NUM_THREADS)
+    return f"{cpu} x{threads}"
 
 
 def profile_path(model: Model) -> Path:

@@ -66,7 +66,8 @@ class TorchBackend(CacheBook, BatchMixin):
         self.invariant = invariant
         self.device = model.device
         self.dtype = str(model.dtype).removeprefix("torch.")
-        self.name = f"torch-{self.device.type}-{self.dtype}"
+        # The mode is part of the name: tune profiles and bench reports keep them apart.
+        self.name = f"torch-{self.device.type}-{self.dtype}" + ("-invariant" if invariant else "")
         CacheBook.__init__(self, max_cache_len, model.cfg.vocab_size)
         # Reused for every verify's mask: the cache prefix is always fully visible.
         self._ones = torch.ones((1, max_cache_len), dtype=torch.bool, device=self.device)

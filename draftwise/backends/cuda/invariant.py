@@ -15,7 +15,8 @@ of ONE deterministic computation. What was measured on CPU (torch 2.13, oneDNN/M
   attention is written out here, in float32, from primitives that measured invariant:
   ``q @ K^T`` (any M >= 3, any N, batched or not), ``p @ V`` over a fixed block of
   ``BLOCK`` keys (any M >= 3), a sum over the contiguous last dim of fixed size, a max,
-  and a sum over a leading "block" dim to which trailing all-zero blocks add nothing.
+  and sums over the "block" dim to which trailing all-zero blocks add nothing (see
+  ``block_attention`` for why the exp-sums are reduced along a contiguous last dim).
 
 Each row attends over its own *logical* key list: cache slots ``0 .. L-1`` then the slots
 of its tree ancestors and itself, in depth order: exactly the list a plain step at that
@@ -107,6 +108,12 @@ def block_attention(q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int) -> 
         # Logical block order: shared blocks first, then the tail (whose padding is zeros).
         lsum = torch.cat([ls, lsum])  # (nb, H_kv, T, rep)
         osum = torch.cat([os_, osum])  # (nb, H_kv, T, rep, D)
-    # Summing over the leading block dim adds blocks in order: zero blocks change nothing.
-    o = osum.sum(0) / lsum.sum(0).unsqueeze(-1)  # (H_kv, T, rep, D)
+    # Sums over the block dim: zero (padding) blocks change nothing. torch's CPU sum picks
+    # its order by layout: an outer reduction (block dim leading) is vectorised only over
+    # whole vector widths of columns, so a row's order would depend on T when the column
+    # count H_kv*T*rep is not a multiple of the vector width (SmolLM2: 9 heads). The
+    # exp-sums are therefore reduced along a contiguous last dim (one row at a time,
+    # independent of T); ``osum`` has H*D columns per row (a multiple of 16), always vectorised.
+    lsum = lsum.permute(1, 2, 3, 0).contiguous().sum(-1)  # (H_kv, T, rep)
+    o = osum.sum(0) / lsum.unsqueeze(-1)  # (H_kv, T, rep, D)
     return o.permute(1, 0, 2, 3).reshape(t, h * d)  # (T, H D): head = kv * rep + r

@@ -3,10 +3,13 @@
 A plain decoding step and the same row inside a draft tree (random siblings before and
 after it = masked keys between its visible ones, 2..40 rows = several chunk shapes) must
 give ``torch.equal`` logits, in bf16 and float32, on a tiny random llama and once on the
-real default model. The slow test checks the end-to-end promise on Spec-Bench prompts.
+real default model (contexts up to ~700). The slow tests check the end-to-end promise:
+bf16 speculative output equals plain output on our own prompts and on Spec-Bench prompts.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -54,13 +57,19 @@ def _tree_with_path(
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("ctx_len", [20, 62, 130])  # no shared block / tail crosses one / both
+# no shared block / tail crosses one / both / 5 and 11 blocks (torch's sum over >= 4
+# blocks once reordered with the row count: the specbench-242 miss at ~690 tokens)
+@pytest.mark.parametrize("ctx_len", [20, 62, 130, 300, 700])
 def test_row_logits_do_not_depend_on_the_batch(tmp_path, dtype, ctx_len):
     model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+    cfg = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 1024}))
     rng = np.random.default_rng(ctx_len)
     ctx = rng.integers(0, V, ctx_len)
     path = [int(t) for t in rng.integers(0, V, 3)]
-    be = TorchBackend.from_pretrained(model_dir, dtype=dtype, device="cpu", invariant=True)
+    be = TorchBackend.from_pretrained(
+        model_dir, dtype=dtype, device="cpu", invariant=True, max_cache_len=1024
+    )
     be.prefill(ctx[:-1])
     want = _plain_logits(be, ctx, path)
     for n_other in (0, 1, 5, 12, 28, 36):  # 4..40 rows: 1 or 2 chunks, padded or not
@@ -89,12 +98,13 @@ def test_resolve_invariant():
         resolve_invariant("yes", cpu, "float32")
 
 
-def test_default_model_row_invariance(default_model_dir):
+@pytest.mark.parametrize("ctx_len", [90, 690])
+def test_default_model_row_invariance(default_model_dir, ctx_len):
     be = TorchBackend.from_pretrained(
-        default_model_dir, dtype="bfloat16", device="cpu", max_cache_len=512, invariant=True
+        default_model_dir, dtype="bfloat16", device="cpu", max_cache_len=1024, invariant=True
     )
     rng = np.random.default_rng(0)
-    ctx = rng.integers(0, 49152, 90)
+    ctx = rng.integers(0, 49152, ctx_len)
     path = [11, 22, 33]
     be.prefill(ctx[:-1])
     want = _plain_logits(be, ctx, path)
@@ -105,50 +115,43 @@ def test_default_model_row_invariance(default_model_dir):
         assert torch.equal(torch.from_numpy(out.logits[r]), torch.from_numpy(want[j]))
 
 
-NEAR_TIE = 0.5  # logits: a bf16 divergence is only tolerated where plain's top two are this close
+def _greedy(model, ids, name, n):
+    import draftwise
 
-
-def _plain_gap(model, prompt_ids, plain, i):
-    """Top-1 minus top-2 logit of the plain run at emitted position ``i``."""
-    from draftwise.core.tree import DraftTree
-
-    seq = np.asarray(list(prompt_ids) + list(plain[:i]), np.int64)
     model.decoder.reset()
-    model.backend.prefill(seq[:-1])
-    out = model.backend.verify(int(seq[-1]), DraftTree.empty(), need_logits=True)
-    model.backend.reset()
-    top2 = np.sort(out.logits[0])[-2:]
-    return float(top2[1] - top2[0])
+    if name != "none":
+        model.drafter(name).reset()
+    last = None
+    for r in draftwise.stream_generate(model, ids, drafter=name, max_tokens=n):
+        last = r
+    return last.token_ids
+
+
+def _assert_bf16_identical(model_dir, rows, n):
+    """bf16, invariant mode ("auto" on CPU): ``cacheback`` == ``none`` token for token."""
+    import draftwise
+
+    model = draftwise.load(model_dir, backend="torch", dtype="bfloat16")
+    assert model.backend.invariant and model.backend.name.endswith("-invariant")
+    for label, text in rows:
+        ids = model.encode_prompt(text)
+        plain, spec = _greedy(model, ids, "none", n), _greedy(model, ids, "cacheback", n)
+        first = next((k for k, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
+        assert spec == plain, f"{label} ({len(ids)} prompt tokens): first difference at token {first}"
+
+
+@pytest.mark.slow
+def test_bf16_cacheback_equals_plain_own_prompts(default_model_dir):
+    from tests.prompts import OWN_PROMPTS
+
+    _assert_bf16_identical(default_model_dir, [(f"own-{i}", p) for i, p in enumerate(OWN_PROMPTS[:2])], 48)
 
 
 @pytest.mark.slow
 def test_bf16_cacheback_equals_plain_on_specbench(default_model_dir):
-    """bf16, invariant mode: report the identical rate; every divergence must start at a
-    near-tie of the plain run (until the long-context attention mismatch is fixed)."""
-    import draftwise
+    """Includes the 671-token summarization prompt (specbench-242) whose verify rows at
+    context ~690 once differed from the plain steps (torch's sum order over >= 4 blocks)."""
     from tests.prompts import bench_prompts, one_per_category
 
-    model = draftwise.load(default_model_dir, backend="torch", dtype="bfloat16")
-    assert model.backend.invariant  # "auto" turns it on for bf16 on CPU
     rows = one_per_category(bench_prompts(), ["coding", "summarization", "math_reasoning", "qa"])
-    identical = 0
-    for row in rows:
-        outs = {}
-        ids = model.encode_prompt(row["turns"][0])
-        for name in ("none", "cacheback"):
-            model.decoder.reset()
-            if name != "none":
-                model.drafter(name).reset()
-            last = None
-            for r in draftwise.stream_generate(model, ids, drafter=name, max_tokens=64):
-                last = r
-            outs[name] = last.token_ids
-        plain, spec = outs["none"], outs["cacheback"]
-        if spec == plain:
-            identical += 1
-            continue
-        i = next((k for k, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
-        gap = _plain_gap(model, ids, plain, i)
-        print(f"{row['category']}: first difference at token {i}, plain top-2 gap {gap:.3f}")
-        assert gap < NEAR_TIE, f"{row['category']}: divergence at token {i} is not a near-tie ({gap})"
-    print(f"bf16 invariant identical: {identical}/{len(rows)}")
+    _assert_bf16_identical(default_model_dir, [(r["id"], r["turns"][0]) for r in rows], 64)

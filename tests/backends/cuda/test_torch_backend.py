@@ -186,7 +186,9 @@ def test_bfloat16_runs_and_roughly_agrees(tmp_path):
     model_dir, ref_model = _save_tiny(tmp_path / "m", "llama")
     ids = np.arange(10) % V
     be = TorchBackend.from_pretrained(model_dir, dtype="bfloat16", device="cpu")
-    assert be.name == "torch-cpu-bfloat16"
+    assert be.name == "torch-cpu-bfloat16-invariant"  # "auto": bit-exact mode on for bf16 on CPU
+    normal = TorchBackend.from_pretrained(model_dir, dtype="bfloat16", device="cpu", invariant=False)
+    assert normal.name == "torch-cpu-bfloat16"  # tune profiles keep the two modes apart
     be.prefill(ids[:-1])
     out = be.verify(int(ids[-1]), DraftTree.chain([1, 2]), need_logits=True)
     assert out.logits is not None and out.logits.dtype == np.float32
