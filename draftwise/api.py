@@ -53,6 +53,9 @@ class GenerationResponse:
     verify_ms: float  # total verification time so far
     finish_reason: str | None = None  # "stop", "length" or None
     token_ids: list[int] = field(default_factory=list)  # all emitted ids, on the last response
+    drafted: int = 0  # draft-tree nodes verified by this step (the budget the drafter used)
+    mean_drafted: float = 0.0  # tree nodes per step so far
+    plain_steps: int = 0  # steps so far that verified no draft (plain one-token steps)
 
     @property
     def token(self) -> int:
@@ -87,10 +90,14 @@ class Model:
         table when it matches this model's tokenizer); ``a+b`` combines them."""
         from draftwise import ngram_tables, tuning
         from draftwise.core.drafters import Combined, check_drafter_name, parse_spec
+        from draftwise.core.drafters.compose import Capped, split_budget
 
         check_drafter_name(spec)
         if "+" in spec:
             return Combined([self._build_drafter(part, {}) for part in spec.split("+")])
+        inner, cap = split_budget(spec)
+        if cap is not None:  # ``name:budget=N``: this drafter's trees capped at N nodes
+            return Capped(self._build_drafter(inner, options), cap)
         if spec == "auto" and not options:
             return tuning.make_auto_drafter(self)
         if ngram_tables.needs_table(spec):  # bigram / ngrammys: the model-derived table
@@ -166,7 +173,7 @@ def stream_generate(
     stop_ids = frozenset(model.tokenizer.eos_token_ids) | frozenset(stop)
     t_start = time.perf_counter()
     t_first: float | None = None
-    n_tokens = steps = from_draft_total = 0
+    n_tokens = steps = from_draft_total = drafted_total = plain_steps = 0
     draft_s = verify_s = 0.0
     emitted: list[int] = []
     for step in model.decoder.steps(
@@ -179,6 +186,8 @@ def stream_generate(
         n_tokens += len(step.tokens)
         from_draft = min(step.accepted, len(step.tokens))
         from_draft_total += from_draft
+        drafted_total += step.drafted
+        plain_steps += step.drafted == 0
         draft_s += step.draft_s
         verify_s += step.verify_s
         emitted += step.tokens
@@ -202,6 +211,9 @@ def stream_generate(
             verify_ms=verify_s * 1e3,
             finish_reason=step.finish_reason,
             token_ids=list(emitted) if step.finish_reason is not None else [],
+            drafted=step.drafted,
+            mean_drafted=drafted_total / steps,
+            plain_steps=plain_steps,
         )
 
 

@@ -12,7 +12,12 @@ import json
 import sys
 from pathlib import Path
 
-from draftwise.apps.common import add_drafter_args, add_model_args, add_sampling_args, sampling_kwargs
+from draftwise.apps.common import (
+    add_drafter_args,
+    add_model_args,
+    add_sampling_args,
+    sampling_kwargs,
+)
 from draftwise.errors import DraftwiseError
 
 
@@ -66,6 +71,8 @@ def main(args: argparse.Namespace) -> int:
             "generation_tokens": last.generation_tokens,
             "steps": last.steps,
             "mean_accepted": round(last.mean_accepted, 4),
+            "mean_tree_nodes": round(last.mean_drafted, 3),  # the budget used per step
+            "plain_steps": last.plain_steps,  # steps where the drafter proposed nothing
             "tokens_per_s": round(last.generation_tps, 3),
             "prompt_tokens_per_s": round(last.prompt_tps, 3),
             "draft_ms": round(last.draft_ms, 3),

@@ -41,7 +41,7 @@ def test_bench_writes_four_files(default_model_dir: Path, tmp_path: Path) -> Non
             "--max-tokens",
             "8",
             "--drafters",
-            "none,cacheback",
+            "none,cacheback,cacheback:budget=2",
             "--peers",
             "hf",
             "--backend",
@@ -63,8 +63,14 @@ def test_bench_writes_four_files(default_model_dir: Path, tmp_path: Path) -> Non
     res = json.loads((out / "results.json").read_text())
     assert res["complete"] is True
     recs = res["records"]
-    assert sorted(x["method"] for x in recs) == ["cacheback", "hf", "none"]
+    assert sorted(x["method"] for x in recs) == ["cacheback", "cacheback:budget=2", "hf", "none"]
     assert all(x["prompt_id"] == "qa-1" and 0 < x["tokens"] <= 8 for x in recs)
-    assert all(x["identical"] for x in recs if x["method"] == "cacheback")  # lossless
+    assert all(x["identical"] for x in recs if x["kind"] == "drafter")  # lossless
+    # The tree size used per step is recorded; a per-method budget caps it.
+    trees = {x["method"]: x["tree_sizes"] for x in recs}
+    assert set(trees["none"]) == {0} and max(trees["cacheback:budget=2"]) <= 2
+    assert max(trees["cacheback"]) > 2  # the shipped frozen table fills more of the 16-node budget
+    rows = {r["method"]: r for r in res["summary"] if r["category"] == "overall"}
+    assert rows["none"]["tree_per_step"] == 0 and rows["hf"]["tree_per_step"] is None
     md = (out / "results.md").read_text()
     assert "| cacheback |" in md and "prefill included" in md

@@ -45,10 +45,12 @@ def test_prompt_over_context_limit(default_model_dir, tmp_path):
 
 def test_json_output(default_model_dir):
     r = cli("generate", "--prompt", "Repeat after me: the cat sat on the mat. The cat sat on the mat.",
-            "--drafter", "cacheback", "--max-tokens", "24", "--json", "--backend", "torch")
+            "--drafter", "cacheback:budget=6", "--max-tokens", "24", "--json", "--backend", "torch")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     for key in ("text", "token_ids", "steps", "mean_accepted", "tokens_per_s", "draft_ms", "verify_ms"):
         assert key in out
     assert 0 < len(out["token_ids"]) <= 24 and out["steps"] <= len(out["token_ids"])
     assert out["mean_accepted"] == pytest.approx(len(out["token_ids"]) / out["steps"], rel=1e-3)
+    # The tree size used per step is reported; the spec's budget=6 caps it.
+    assert 0 < out["mean_tree_nodes"] <= 6 and 0 <= out["plain_steps"] <= out["steps"]

@@ -150,3 +150,35 @@ def test_context_full_ends_with_length():
     assert steps[-1].finish_reason == "length" and be.cache_len <= 20
     plain, _, _ = run(FakeBackend(context_limit=20), NoDrafter(), SamplingParams(), [1, 2, 3], 100)
     assert toks[: len(plain)] == plain[: len(toks)]
+
+
+def test_capped_drafter_never_exceeds_its_budget_and_stays_lossless(tmp_path):
+    from draftwise.core.drafters import make_drafter
+    from draftwise.core.drafters.compose import Capped, split_budget
+
+    be = FakeBackend(vocab_size=6, sharpness=4.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    plain, _, _ = run(be, NoDrafter(), SamplingParams(), prompt, 60)
+    for cap in (0, 1, 3):
+        d = make_drafter(f"cacheback:fl=3,budget={cap}")
+        assert isinstance(d, Capped) and d.name == f"cacheback:budget={cap}"
+        spec, steps, _ = run(be, d, SamplingParams(), prompt, 60, budget=16)
+        assert spec == plain
+        assert max(s.drafted for s in steps) <= cap
+    wide, steps, _ = run(be, make_drafter("cacheback:fl=3"), SamplingParams(), prompt, 60, budget=16)
+    assert max(s.drafted for s in steps) > 3  # without the cap the same drafter goes wider
+    # A caller's smaller budget still wins over the cap.
+    _, steps, _ = run(be, make_drafter("cacheback:budget=8"), SamplingParams(), prompt, 60, budget=2)
+    assert max(s.drafted for s in steps) <= 2
+    assert split_budget("cacheback:budget=4,fl=2") == ("cacheback:fl=2", 4)
+    for bad in ("cacheback:budget=x", "cacheback:budget=-1"):
+        with pytest.raises(DraftwiseError, match="budget"):
+            split_budget(bad)
+    # State saves and loads through the cap (the inner drafter's file).
+    d = make_drafter("cacheback:budget=4")
+    run(be, d, SamplingParams(), prompt, 20)
+    d.save(tmp_path / "c.drafter", "tok")
+    e = make_drafter("cacheback:budget=4")
+    e.load(tmp_path / "c.drafter", "tok")
+    ctx = np.array(prompt + plain[:20])
+    assert e.propose(ctx, 16).tokens.tolist() == d.propose(ctx, 16).tokens.tolist()

@@ -138,7 +138,7 @@ def main(args: argparse.Namespace) -> int:
 
     drafters, peer_names, gen = check_args(args)
     items = _items(args)
-    model = draftwise.load(args.model, backend=args.backend, dtype=args.dtype)
+    model = draftwise.load(args.model, backend=args.backend, dtype=args.dtype, invariant=args.invariant)
     eos = sorted(model.tokenizer.eos_token_ids)
     device = "cuda" if "cuda" in model.backend.name else "cpu"
     methods: list[Any] = [DraftwiseMethod(model, d, gen) for d in drafters]

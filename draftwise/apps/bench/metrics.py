@@ -57,6 +57,7 @@ class SummaryRow:
     verify_ms_per_step: float | None
     identical: int
     identical_rate: float | None
+    tree_per_step: float | None = None  # draft nodes verified per step (the budget used)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,6 +141,9 @@ def _row(
         verify_ms_per_step=_per_step(verify, steps),
         identical=sum(flags),
         identical_rate=sum(flags) / len(flags) if flags else None,
+        tree_per_step=_per_step(float(sum(sum(r.tree_sizes) for r in group)), steps)
+        if first.kind != PEER
+        else None,
     )
 
 

@@ -34,6 +34,7 @@ class TurnResult:
     draft_ms: float | None = None  # total over the turn (our methods only)
     verify_ms: float | None = None
     finish_reason: str | None = None
+    tree_sizes: list[int] = field(default_factory=list)  # draft nodes verified per step
 
     @property
     def tokens(self) -> int:
@@ -71,6 +72,7 @@ class TurnRecord:
     wall_s_repeats: list[float] = field(default_factory=list)
     pass_no: int = 1  # 2 for the second pass of --lifetime
     identical: bool | None = None  # output equals the baseline's (set by metrics)
+    tree_sizes: list[int] = field(default_factory=list)  # draft nodes verified per step
 
     @classmethod
     def from_result(
@@ -104,6 +106,7 @@ class TurnRecord:
             token_ids=list(res.token_ids),
             wall_s_repeats=[res.wall_s],
             pass_no=pass_no,
+            tree_sizes=list(res.tree_sizes),
         )
 
     @property

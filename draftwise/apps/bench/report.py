@@ -103,9 +103,9 @@ def _fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
 
 def _table(rows: Sequence[dict[str, Any]]) -> list[str]:
     out = [
-        "| method | turns | tokens | tok/s | speedup | median | decode | MAT "
+        "| method | turns | tokens | tok/s | speedup | median | decode | MAT | tree "
         "| draft ms/step | verify ms/step | identical |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         ident = (
@@ -117,6 +117,7 @@ def _table(rows: Sequence[dict[str, Any]]) -> list[str]:
             f"| {r['method']} | {r['turns']} | {r['tokens']} | {_fmt(r['tokens_per_s'], 1)} "
             f"| {_fmt(r['speedup'], 2, 'x')} | {_fmt(r['speedup_median'], 2, 'x')} "
             f"| {_fmt(r['decode_speedup'], 2, 'x')} | {_fmt(r['mat'])} "
+            f"| {_fmt(r.get('tree_per_step'), 1)} "
             f"| {_fmt(r['draft_ms_per_step'])} | {_fmt(r['verify_ms_per_step'])} | {ident} |"
         )
     return out

@@ -73,6 +73,7 @@ class DraftwiseMethod:
 
         self.model.decoder.reset()  # a full prefill every turn, like the peers
         lengths: list[int] = []
+        trees: list[int] = []
         last = None
         self._sync()
         t0 = time.perf_counter()
@@ -80,6 +81,7 @@ class DraftwiseMethod:
             self.model, ids, drafter=self.name, max_tokens=max_tokens, **self.gen_kwargs
         ):
             lengths.append(len(r.tokens))
+            trees.append(r.drafted)
             last = r
         self._sync()
         wall = time.perf_counter() - t0
@@ -90,6 +92,7 @@ class DraftwiseMethod:
             wall_s=wall,
             prefill_s=min(last.prompt_tokens / last.prompt_tps, wall),
             accept_lengths=lengths,
+            tree_sizes=trees,
             draft_ms=last.draft_ms,
             verify_ms=last.verify_ms,
             finish_reason=last.finish_reason,

@@ -15,6 +15,8 @@ Example::
     'cacheback'
     >>> make_drafter("none").name
     'none'
+    >>> make_drafter("cacheback:fl=2,budget=4").name  # any drafter's trees capped at 4 nodes
+    'cacheback:budget=4'
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 from draftwise.core.autotune import AutoDrafter, CostModel
 from draftwise.core.drafters.base import Drafter, NoDrafter
 from draftwise.core.drafters.cacheback import Cacheback
-from draftwise.core.drafters.compose import Combined
+from draftwise.core.drafters.compose import Capped, Combined, split_budget
 from draftwise.core.drafters.context_ngram import ContextNgram
 from draftwise.core.drafters.ngrammys import Bigram, NGrammys
 from draftwise.core.drafters.ssd import SSD
@@ -107,6 +109,9 @@ def make_drafter(name: str, **options: Any) -> Drafter:
         if options:
             raise DraftwiseError(f"options are not supported for a combined drafter ({name!r})")
         return Combined([make_drafter(p) for p in name.split("+")])
+    inner, cap = split_budget(name)
+    if cap is not None:  # ``name:budget=N``
+        return Capped(make_drafter(inner, **options), cap)
     name, spec_options = parse_spec(name)
     clash = sorted(set(spec_options) & set(options))
     if clash:

@@ -89,3 +89,69 @@ class Combined:
 
     def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
         load_members(self.members, path, tokenizer_id)
+
+
+class Capped:
+    """A drafter whose trees never exceed ``cap`` nodes, whatever budget the caller gives:
+    the ``budget=N`` option of a drafter spec (``cacheback:budget=4``), so one run can
+    compare several tree sizes of the same drafter.
+
+    Example::
+
+        >>> from draftwise.core.drafters.base import NoDrafter
+        >>> Capped(NoDrafter(), 4).name
+        'none:budget=4'
+    """
+
+    def __init__(self, inner: Drafter, cap: int) -> None:
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
+            raise DraftwiseError(f"drafter option budget must be an integer >= 0, got {cap!r}")
+        self.inner = inner
+        self.cap = cap
+        self.name = f"{inner.name}:budget={cap}"
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def begin(self, prompt: np.ndarray) -> None:
+        self.inner.begin(prompt)
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        return self.inner.propose(context, min(budget, self.cap))
+
+    def update(self, context: np.ndarray, n_new: int) -> None:
+        self.inner.update(context, n_new)
+
+    def save(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
+        save_members([self.inner], path, tokenizer_id)
+
+    def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
+        load_members([self.inner], path, tokenizer_id)
+
+
+def split_budget(spec: str) -> tuple[str, int | None]:
+    """``'cacheback:fl=2,budget=4'`` -> ``('cacheback:fl=2', 4)``; no option -> (spec, None).
+
+    Example::
+
+        >>> split_budget("auto:budget=8")
+        ('auto', 8)
+        >>> split_budget("ssd")
+        ('ssd', None)
+    """
+    name, sep, rest = spec.partition(":")
+    if not sep:
+        return spec, None
+    keep, cap = [], None
+    for item in rest.split(","):
+        key, _, val = item.partition("=")
+        if key.strip() == "budget":
+            try:
+                cap = int(val.strip())
+            except ValueError:
+                raise DraftwiseError(f"drafter option budget must be an integer, got {val.strip()!r} in {spec!r}") from None
+            if cap < 0:
+                raise DraftwiseError(f"drafter option budget must be >= 0, got {cap} in {spec!r}")
+        else:
+            keep.append(item)
+    return (f"{name}:{','.join(keep)}" if keep else name), cap
