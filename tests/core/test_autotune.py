@@ -92,3 +92,23 @@ def test_auto_and_combined_save_load(tmp_path):
         Combined([Cacheback()]).load(tmp_path / "auto.drafter", "other-tokenizer")
     with pytest.raises(DraftwiseError, match="no saved drafter state"):
         b.load(tmp_path / "missing.drafter", "tok")
+
+
+def test_auto_members_precise_first_and_learnt_apart():
+    """``auto`` = a 3-token-leader Cacheback, SSD and a 1-token-leader Cacheback; the
+    acceptance model keeps one row of statistics per member."""
+    from draftwise.core.drafters import make_drafter
+
+    auto = make_drafter("auto", cost=CostModel(rows=[1, 64], ms=[10, 10.5]))
+    assert [m.name for m in auto.members] == ["cacheback-ll3", "ssd", "cacheback"]
+    assert auto.members[0].table.ll == 3 and auto.members[2].table.ll == 1
+    assert auto.acc.hits.shape[0] == 3
+    # A context whose last 3 tokens occurred before: the precise member proposes, and its
+    # node is attributed to source 0 in the merged tree.
+    ctx = np.array([5, 6, 7, 8, 9, 5, 6, 7])
+    auto.begin(ctx)
+    tree = auto.propose(ctx, 16)
+    full, _ = auto._pending[-1]
+    assert 8 in full.tokens[full.depth == 1].tolist()
+    assert full.source[full.tokens.tolist().index(8)] == 0
+    assert len(tree) <= len(full)

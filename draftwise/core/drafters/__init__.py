@@ -54,7 +54,9 @@ def _auto(cost: CostModel | None = None, max_budget: int = 64) -> Drafter:
             "the auto drafter needs this device's cost profile: use model.drafter('auto') "
             "(measures it on first use) or pass cost=CostModel"
         )
-    return AutoDrafter([Cacheback(), SSD()], cost, max_budget)
+    precise = Cacheback(ll=3, table="dynamic")
+    precise.name = "cacheback-ll3"
+    return AutoDrafter([precise, SSD(), Cacheback()], cost, max_budget)  # as tuning.auto_members
 
 
 REGISTRY["auto"] = _auto
