@@ -63,4 +63,4 @@ def make_backend(
         raise DraftwiseError("backend 'mlx' needs mlx: pip install 'draftwise[mlx]'")
     from draftwise.backends.mlx.backend import MLXBackend  # type: ignore[import-not-found]
 
-    return MLXBackend.from_pretrained(model_dir, dtype=dtype)  # type: ignore[no-any-return]
+    return MLXBackend.from_pretrained(model_dir, dtype=dtype, invariant=invariant)  # type: ignore[no-any-return]

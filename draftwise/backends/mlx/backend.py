@@ -6,6 +6,10 @@ CPU). Every ``verify`` is ONE lazy forward over ``[root, tree nodes]`` and ONE
 kept rows' K/V into place lazily and starts it with ``mx.async_eval`` so the copy
 overlaps the drafter's host work.
 
+``invariant=True`` (see ``invariant.py``) makes a row's logits independent of the other
+rows of its verify, so speculative output is bit-identical to plain decoding; the name
+then ends in ``-invariant``.
+
 Example::
 
     be = MLXBackend.from_pretrained("path/to/hf_dir", dtype="float32")
@@ -24,6 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from draftwise.backends.mlx.invariant import make_plan, resolve_invariant, rows_per_forward
 from draftwise.backends.mlx.llama import Llama
 from draftwise.backends.mlx.load import context_window, default_dtype, has_gpu, load_module
 from draftwise.core.backend import Verified
@@ -39,11 +44,23 @@ class MLXBackend(CacheBook):
     """A llama-family mlx-lm model and its KV cache (batch size 1)."""
 
     def __init__(
-        self, module: nn.Module, cfg: dict[str, Any], dtype: str, max_cache_len: int
+        self,
+        module: nn.Module,
+        cfg: dict[str, Any],
+        dtype: str,
+        max_cache_len: int,
+        invariant: bool = False,
     ) -> None:
         self.model = Llama(module, cfg, max_cache_len)
         self.dtype = dtype
-        self.name = f"mlx-{'gpu' if has_gpu() else 'cpu'}-{dtype}"
+        # Batch-invariant verify (see invariant.py): plain decoding and tree verification
+        # become two schedules of one bit-exact computation.
+        self.invariant = invariant
+        self._pad_rows = rows_per_forward(has_gpu())
+        # The mode is part of the name: tune profiles and bench reports keep them apart.
+        self.name = f"mlx-{'gpu' if has_gpu() else 'cpu'}-{dtype}" + (
+            "-invariant" if invariant else ""
+        )
         CacheBook.__init__(self, max_cache_len, self.model.vocab_size)
 
     @classmethod
@@ -52,15 +69,19 @@ class MLXBackend(CacheBook):
         model_dir: str | Path,
         dtype: str | None = None,
         max_cache_len: int | None = None,
+        invariant: bool | str = "auto",
     ) -> MLXBackend:
         """Load an HF- or MLX-format llama/mistral/qwen2 dir; ``dtype`` is float32,
-        float16, bfloat16, 4bit or 8bit (None: 4bit with a GPU, float32 on the CPU)."""
+        float16, bfloat16, 4bit or 8bit (None: 4bit with a GPU, float32 on the CPU).
+        ``invariant``: batch-invariant verification (True/False; "auto" = where measured
+        cheap, see ``invariant.INVARIANT_AUTO``)."""
         if max_cache_len is not None and max_cache_len < 1:
             raise DraftwiseError(f"max_cache_len must be positive, got {max_cache_len}")
         dtype = dtype or default_dtype()
+        inv = resolve_invariant(invariant, has_gpu(), dtype)
         module, cfg = load_module(model_dir, dtype)
         cap = max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE
-        return cls(module, cfg, dtype, min(context_window(cfg), cap))
+        return cls(module, cfg, dtype, min(context_window(cfg), cap), inv)
 
     # ----- forward passes --------------------------------------------------------------
     def prefill(self, tokens: np.ndarray) -> None:
@@ -84,6 +105,8 @@ class MLXBackend(CacheBook):
         host[0] = root
         host[1:] = tree.tokens
         self._check_ids(host)
+        if self.invariant:
+            return self._verify_invariant(host, tree, need_logits)
         tokens = mx.array(host.astype(np.int32))  # (N+1,)
         positions: int | mx.array = start
         mask: mx.array | None = None
@@ -94,6 +117,34 @@ class MLXBackend(CacheBook):
             mask = mx.array(full)
         logits = self.model.forward(tokens, positions, start, mask, need_logits=True)
         assert logits is not None  # need_logits=True always returns logits
+        return self._finish(logits, need_logits)
+
+    def _verify_invariant(self, host: np.ndarray, tree: DraftTree, need_logits: bool) -> Verified:
+        """``verify`` in batch-invariant mode: one forward (CPU), or chunks of exactly
+        ``MAX_ROWS`` rows padded with copies of the chunk's first row (GPU), attention
+        over each row's logical key list. Still one lazy graph and one ``mx.eval``."""
+        n1, start = host.size, self._len
+        # Row i sees the cache, then its ancestors and itself among the new slots.
+        vis = tree.verify_mask() if n1 > 1 else np.ones((1, 1), bool)  # (N+1, N+1)
+        rows = [(start + np.flatnonzero(vis[i])).tolist() for i in range(n1)]
+        pos = (start + tree.verify_positions()).astype(np.int32)  # (N+1,)
+        size = self._pad_rows or n1
+        parts = []
+        for c0 in range(0, n1, size):
+            c1 = min(n1, c0 + size)
+            sel = list(range(c0, c1)) + [c0] * (size - (c1 - c0))
+            plan = make_plan(start, [rows[i] for i in sel])
+            tokens = mx.array(host[sel].astype(np.int32))  # (R,)
+            logits = self.model.forward(
+                tokens, mx.array(pos[sel]), start + c0, None, True, plan=plan, n_write=c1 - c0
+            )
+            assert logits is not None
+            parts.append(logits[: c1 - c0])  # (c1 - c0, V)
+        return self._finish(mx.concatenate(parts) if len(parts) > 1 else parts[0], need_logits)
+
+    def _finish(self, logits: mx.array, need_logits: bool) -> Verified:
+        """Argmax (and float32 logits when asked for) of the verified rows: one eval."""
+        n1 = logits.shape[0]
         argmax = mx.argmax(logits, axis=-1)  # (N+1,) uint32
         self._pending = n1
         if not need_logits:

@@ -10,6 +10,10 @@ Positions: ``mx.fast.rope`` accepts a vector of offsets, one per batch entry, so
 is rotated in ONE call by viewing its ``T`` rows as a batch of ``T`` length-1 sequences,
 each at its own position (the layer's own RoPE module, so llama3/linear scaling apply).
 
+Batch-invariant mode (``invariant.py``): with a ``Plan`` the forward replaces SDPA by
+``block_attention`` over each row's logical key list and writes K/V for the first
+``n_write`` rows only (the rest are padding rows).
+
 Cache: per layer one K and one V array ``(1, H_kv, T_alloc, D)``, grown in chunks and
 written by slot (slice update, done in place by MLX when nothing else holds the array).
 Rejected rows are simply overwritten by the next step.
@@ -27,6 +31,8 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from draftwise.backends.mlx.invariant import Plan, block_attention
 
 GROW = 256  # cache slots added at a time (mlx-lm's KVCache.step)
 
@@ -85,12 +91,19 @@ class Llama:
         start: int,
         mask: Mask,
         need_logits: bool,
+        plan: Plan | None = None,
+        n_write: int | None = None,
     ) -> mx.array | None:
         """Run ``tokens`` (T,) at RoPE ``positions`` (an int: contiguous from there; or
         (T,) int32 per row), writing their K/V to slots ``start .. start+T``. ``mask``:
         (T, start+T) bool, True = may attend, ``"causal"`` or None (every row sees every
-        slot up to ``start+T``). Returns lazy logits (T, V) when ``need_logits``."""
+        slot up to ``start+T``). Returns lazy logits (T, V) when ``need_logits``.
+
+        With a ``plan`` (batch-invariant mode, see ``invariant.py``) attention follows the
+        plan and ``mask`` is ignored; only the first ``n_write`` rows (default all) write
+        K/V, so padding rows never touch the cache."""
         t = tokens.shape[0]
+        w = t if n_write is None else n_write
         end = start + t
         self.ensure(end)
         h, hkv = self.n_heads, self.n_kv_heads
@@ -101,15 +114,19 @@ class Llama:
             q = self._rope(attn.rope, attn.q_proj(hn), positions, h)  # (1, H, T, D)
             k = self._rope(attn.rope, attn.k_proj(hn), positions, hkv)  # (1, H_kv, T, D)
             v = attn.v_proj(hn).reshape(1, t, hkv, self.head_dim).transpose(0, 2, 1, 3)
-            self.keys[li][:, :, start:end, :] = k
-            self.values[li][:, :, start:end, :] = v
-            keys = self.keys[li][:, :, :end, :]  # (1, H_kv, S, D)
-            values = self.values[li][:, :, :end, :]  # (1, H_kv, S, D)
-            # GQA is native: H query heads share H_kv key heads; the (T, S) mask broadcasts.
-            o = mx.fast.scaled_dot_product_attention(
-                q, keys, values, scale=attn.scale, mask=mask
-            )  # (1, H, T, D)
-            o = o.transpose(0, 2, 1, 3).reshape(1, t, h * self.head_dim)  # (1, T, H D)
+            self.keys[li][:, :, start : start + w, :] = k[:, :, :w]
+            self.values[li][:, :, start : start + w, :] = v[:, :, :w]
+            if plan is not None:
+                o = block_attention(q, self.keys[li], self.values[li], plan, attn.scale)
+                o = o.astype(x.dtype)  # (1, T, H D)
+            else:
+                keys = self.keys[li][:, :, :end, :]  # (1, H_kv, S, D)
+                values = self.values[li][:, :, :end, :]  # (1, H_kv, S, D)
+                # GQA is native: H query heads share H_kv key heads; the mask broadcasts.
+                o = mx.fast.scaled_dot_product_attention(
+                    q, keys, values, scale=attn.scale, mask=mask
+                )  # (1, H, T, D)
+                o = o.transpose(0, 2, 1, 3).reshape(1, t, h * self.head_dim)  # (1, T, H D)
             x = x + attn.o_proj(o)  # (1, T, C)
             x = x + layer.mlp(layer.post_attention_layernorm(x))  # (1, T, C)
         if not need_logits:
