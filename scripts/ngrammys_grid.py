@@ -4,7 +4,12 @@ Runs one ``draftwise bench`` per prompt file with every ``ngrammys:k=K,w=W`` dra
 (plus the ``none`` baseline the bench always runs), then draws, per prompt file, two
 heatmaps over the grid: wall-time speedup and tokens per call (mean accepted + bonus).
 
-Example (the tiny smoke setting; the lead runs the full grid)::
+The Done-when setting (>= 10 prompts per file, 128 tokens)::
+
+    python scripts/ngrammys_grid.py --out bench/results/ngrammys-grid --max-tokens 128 \
+        --limit mtbench=2,humaneval=10,gsm8k=10 --extra "--backend torch"
+
+Example (the tiny smoke setting)::
 
     python scripts/ngrammys_grid.py --out runs/ngrammys --limit 1 --max-tokens 16 \\
         --ks 1,5 --ws 2,4
@@ -33,11 +38,29 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--files", default=",".join(FILES), help="prompt files (without .jsonl)")
     p.add_argument("--ks", default="1,5,10,20", help="draft counts k")
     p.add_argument("--ws", default="2,4,8", help="draft lengths w")
-    p.add_argument("--limit", type=int, default=None, help="first N items of each category")
+    p.add_argument("--limit", default=None,
+                   help="first N items of each category: N, or per file, e.g. "
+                   "'mtbench=2,humaneval=10,gsm8k=10' (MT-Bench has 8 categories of 10 two-turn items)")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--verify", default="auto", choices=("auto", "tree", "batch"))
     p.add_argument("--extra", default="", help="more flags for draftwise bench, e.g. '--backend torch'")
     return p
+
+
+def file_limit(text: str | None, name: str) -> int | None:
+    """``--limit`` for one prompt file: ``'3'`` -> 3; ``'mtbench=2,gsm8k=10'`` -> per file.
+
+    Example::
+
+        >>> file_limit("mtbench=2,gsm8k=10", "gsm8k"), file_limit("4", "mtbench")
+        (10, 4)
+    """
+    if text is None:
+        return None
+    if "=" not in text:
+        return int(text)
+    per = dict(item.split("=", 1) for item in text.split(","))
+    return int(per[name]) if name in per else None
 
 
 def spec(k: int, w: int, verify: str) -> str:
@@ -51,8 +74,9 @@ def run_bench(args: argparse.Namespace, name: str, ks: list[int], ws: list[int])
     cmd = [sys.executable, "-m", "draftwise", "bench", "--prompts", str(args.prompts / f"{name}.jsonl"),
            "--out", str(out), "--drafters", drafters, "--max-tokens", str(args.max_tokens),
            "--budget", str(max(ks) * max(ws)), "--no-progress", *args.extra.split()]
-    if args.limit is not None:
-        cmd += ["--limit", str(args.limit)]
+    limit = file_limit(args.limit, name)
+    if limit is not None:
+        cmd += ["--limit", str(limit)]
     print(" ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True)
     return out / "results.json"
