@@ -37,10 +37,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-BLOCK = 64  # logical key positions per attention block
+from draftwise.core.keyplan import BLOCK, key_blocks
+
 MAX_ROWS = 32  # rows per forward: the bf16 lm_head GEMM is row-invariant only up to 32
 _MIN_ROWS = {"float32": 16}  # pad to this many rows (float32 GEMMs: 16..56 is one kernel)
 
@@ -62,15 +62,7 @@ class Plan:
 def make_plan(committed: int, rows: Sequence[Sequence[int]], device: torch.device) -> Plan:
     """``rows[i]``: the cache slots at or after ``committed`` that row i sees (its tree
     ancestors and itself, in depth order); every row also sees slots ``0..committed-1``."""
-    shared = (committed // BLOCK) * BLOCK
-    lens = [committed - shared + len(r) for r in rows]
-    width = -(-max(lens) // BLOCK) * BLOCK
-    idx = np.zeros((len(rows), width), np.int64)  # (T, nT B); padding reads slot 0
-    ok = np.zeros((len(rows), width), bool)  # (T, nT B)
-    prefix = np.arange(shared, committed, dtype=np.int64)
-    for i, r in enumerate(rows):
-        idx[i, : lens[i]] = np.concatenate([prefix, np.asarray(r, np.int64)])
-        ok[i, : lens[i]] = True
+    shared, idx, ok = key_blocks(committed, rows, BLOCK)
     return Plan(shared, torch.from_numpy(idx).to(device), torch.from_numpy(ok).to(device))
 
 

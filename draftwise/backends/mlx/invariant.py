@@ -44,9 +44,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from draftwise.core.keyplan import BLOCK, key_blocks
 from draftwise.errors import DraftwiseError
 
-BLOCK = 64  # logical key positions per attention block
 MAX_ROWS = 32  # rows per forward where rows are padded (GPU)
 # Where "auto" turns the mode on: (gpu, dtype) pairs measured cheap. Plain decoding of
 # SmolLM2-135M on a 2-core CPU (mlx 0.32.4), invariant vs normal time per token: float16
@@ -82,16 +82,8 @@ class Plan:
 def make_plan(committed: int, rows: Sequence[Sequence[int]]) -> Plan:
     """``rows[i]``: the cache slots at or after ``committed`` that row i sees (its tree
     ancestors and itself, in depth order); every row also sees slots ``0..committed-1``."""
-    shared = (committed // BLOCK) * BLOCK
-    lens = [committed - shared + len(r) for r in rows]
-    width = -(-max(lens) // BLOCK) * BLOCK
-    idx = np.zeros((len(rows), width), np.int32)  # (T, nT B); padding reads slot 0
-    ok = np.zeros((len(rows), width), bool)  # (T, nT B)
-    prefix = np.arange(shared, committed, dtype=np.int32)
-    for i, r in enumerate(rows):
-        idx[i, : lens[i]] = np.concatenate([prefix, np.asarray(r, np.int32)])
-        ok[i, : lens[i]] = True
-    return Plan(shared, mx.array(idx), mx.array(ok))
+    shared, idx, ok = key_blocks(committed, rows, BLOCK)
+    return Plan(shared, mx.array(idx.astype(np.int32)), mx.array(ok))
 
 
 def block_attention(
