@@ -22,38 +22,7 @@ from draftwise.backends.cuda.backend import resolve_invariant  # noqa: E402
 from draftwise.core.tree import DraftTree  # noqa: E402
 from draftwise.errors import DraftwiseError  # noqa: E402
 from tests.backends.cuda.test_torch_backend import V, _save_tiny  # noqa: E402
-
-
-def _plain_logits(be: TorchBackend, ctx: np.ndarray, path: list[int]) -> list[np.ndarray]:
-    """Logits of plain one-row steps over ``ctx[-1]`` then ``path``; cache left at ctx[:-1]."""
-    out = []
-    for tok in [int(ctx[-1]), *path]:
-        v = be.verify(tok, DraftTree.empty(), need_logits=True)
-        be.commit(np.array([0]))
-        assert v.logits is not None
-        out.append(v.logits[0].copy())
-    be.trim(len(ctx) - 1)
-    return out
-
-
-def _tree_with_path(
-    rng: np.random.Generator, path: list[int], n_other: int
-) -> tuple[DraftTree, list[int]]:
-    """Random single-token siblings, the path (as a chain), more siblings; returns the
-    tree and the verify rows of the path's nodes (root row 0 first)."""
-    before = n_other // 2
-    paths = [[int(t)] for t in rng.integers(0, V, before)]
-    paths.append(path)
-    paths += [[int(t)] for t in rng.integers(0, V, n_other - before)]
-    tree = DraftTree.from_paths(paths)
-    rows = [0]
-    for depth in range(len(path)):
-        node = next(
-            i for i in range(len(tree))
-            if tree.tokens[tree.path_to(i)].tolist() == path[: depth + 1]
-        )
-        rows.append(node + 1)
-    return tree, rows
+from tests.invariance import plain_logits, tree_with_path  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -71,9 +40,9 @@ def test_row_logits_do_not_depend_on_the_batch(tmp_path, dtype, ctx_len):
         model_dir, dtype=dtype, device="cpu", invariant=True, max_cache_len=1024
     )
     be.prefill(ctx[:-1])
-    want = _plain_logits(be, ctx, path)
+    want = plain_logits(be, ctx, path)
     for n_other in (0, 1, 5, 12, 28, 36):  # 4..40 rows: 1 or 2 chunks, padded or not
-        tree, rows = _tree_with_path(rng, path, n_other)
+        tree, rows = tree_with_path(rng, path, n_other, V)
         out = be.verify(int(ctx[-1]), tree, need_logits=True)
         assert out.logits is not None
         for j, r in enumerate(rows):
@@ -85,7 +54,7 @@ def test_row_logits_do_not_depend_on_the_batch(tmp_path, dtype, ctx_len):
         nxt = be.verify(7, DraftTree.empty(), need_logits=True)
         be.trim(len(ctx) - 1)
         assert nxt.logits is not None
-        ref = _plain_logits(be, ctx, [*path, 7])[-1]
+        ref = plain_logits(be, ctx, [*path, 7])[-1]
         assert torch.equal(torch.from_numpy(nxt.logits[0]), torch.from_numpy(ref))
 
 
@@ -107,8 +76,8 @@ def test_default_model_row_invariance(default_model_dir, ctx_len):
     ctx = rng.integers(0, 49152, ctx_len)
     path = [11, 22, 33]
     be.prefill(ctx[:-1])
-    want = _plain_logits(be, ctx, path)
-    tree, rows = _tree_with_path(np.random.default_rng(1), path, 20)
+    want = plain_logits(be, ctx, path)
+    tree, rows = tree_with_path(np.random.default_rng(1), path, 20, V)
     out = be.verify(int(ctx[-1]), tree, need_logits=True)
     assert out.logits is not None
     for j, r in enumerate(rows):

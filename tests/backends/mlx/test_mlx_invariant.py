@@ -30,6 +30,7 @@ from draftwise.backends.mlx.load import _quantizable  # noqa: E402
 from draftwise.core.tree import DraftTree  # noqa: E402
 from draftwise.errors import DraftwiseError  # noqa: E402
 from tests.backends.mlx.test_mlx_backend import TINY, V, ref_last, tiny_backend  # noqa: E402
+from tests.invariance import plain_logits, tree_with_path  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 
@@ -50,39 +51,6 @@ def tiny(dtype: str, invariant: bool, pad_rows: int | None = None) -> MLXBackend
     if pad_rows is not None:
         be._pad_rows = pad_rows  # the GPU schedule (fixed-size padded chunks), on the CPU
     return be
-
-
-def plain_logits(be: MLXBackend, ctx: np.ndarray, path: list[int]) -> list[np.ndarray]:
-    """Logits of plain one-row steps over ``ctx[-1]`` then ``path``; cache left at ctx[:-1]."""
-    out = []
-    for tok in [int(ctx[-1]), *path]:
-        v = be.verify(tok, DraftTree.empty(), need_logits=True)
-        be.commit(np.array([0]))
-        assert v.logits is not None
-        out.append(v.logits[0].copy())
-    be.trim(len(ctx) - 1)
-    return out
-
-
-def tree_with_path(
-    rng: np.random.Generator, path: list[int], n_other: int, vocab: int
-) -> tuple[DraftTree, list[int]]:
-    """Random single-token siblings, the path (as a chain), more siblings; returns the
-    tree and the verify rows of the path's nodes (root row 0 first)."""
-    before = n_other // 2
-    paths = [[int(t)] for t in rng.integers(0, vocab, before)]
-    paths.append(path)
-    paths += [[int(t)] for t in rng.integers(0, vocab, n_other - before)]
-    tree = DraftTree.from_paths(paths)
-    rows = [0]
-    for depth in range(len(path)):
-        node = next(
-            i
-            for i in range(len(tree))
-            if tree.tokens[tree.path_to(i)].tolist() == path[: depth + 1]
-        )
-        rows.append(node + 1)
-    return tree, rows
 
 
 def mismatches(be: MLXBackend, ctx_len: int, others: tuple[int, ...], vocab: int) -> list[str]:
