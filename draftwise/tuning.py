@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from draftwise.core.autotune import AutoDrafter, CostModel
 from draftwise.core.costprofile import measure_cost_curve
-from draftwise.core.drafters import make_drafter
+from draftwise.core.drafters import auto_members, make_drafter
 from draftwise.core.drafters.base import Drafter
 from draftwise.core.drafters.frozen_table import DEFAULT_TABLE, FrozenTable
-from draftwise.core.drafters.ssd import SSD
 from draftwise.errors import DraftwiseError
 from draftwise.models.paths import cache_dir
 
@@ -121,13 +120,3 @@ def make_auto_drafter(model: Model, quiet: bool = False) -> Drafter:
     cost = ensure_profile(model, quiet=quiet)
     return AutoDrafter(auto_members(default_cacheback(model.tokenizer.identity())), cost)
 
-
-def auto_members(broad: Drafter) -> list[Drafter]:
-    """The members of ``auto``, most precise first. The acceptance model keeps statistics
-    per member, so a node a 3-token leader vouches for (source 0) is judged apart from the
-    many guesses of a 1-token leader; on a steep cost curve the few nodes ``auto`` can
-    afford then come from the precise member (measured: fixed ``cacheback:ll=3`` trees beat
-    the LL=1 ones on this CPU in float32, bench/results/auto-vs-grid)."""
-    precise = make_drafter("cacheback", ll=3, table="dynamic")
-    precise.name = "cacheback-ll3"  # its own state file beside the others (save_members)
-    return [precise, SSD(), broad]
