@@ -43,6 +43,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
                    "'mtbench=2,humaneval=10,gsm8k=10' (MT-Bench has 8 categories of 10 two-turn items)")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--verify", default="auto", choices=("auto", "tree", "batch"))
+    p.add_argument("--reuse", action="store_true",
+                   help="skip a prompt file whose results.json is already in --out (to run files in "
+                   "separate processes, then combine them into one plot)")
     p.add_argument("--extra", default="", help="more flags for draftwise bench, e.g. '--backend torch'")
     return p
 
@@ -69,6 +72,9 @@ def spec(k: int, w: int, verify: str) -> str:
 
 def run_bench(args: argparse.Namespace, name: str, ks: list[int], ws: list[int]) -> Path:
     out = args.out / name
+    if args.reuse and (out / "results.json").exists():
+        print(f"reusing {out / 'results.json'}", file=sys.stderr)
+        return out / "results.json"
     drafters = ",".join(spec(k, w, args.verify) for k in ks for w in ws)
     # budget k * w: the tree path keeps every draft (the batch path ignores the budget)
     cmd = [sys.executable, "-m", "draftwise", "bench", "--prompts", str(args.prompts / f"{name}.jsonl"),

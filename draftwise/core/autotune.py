@@ -7,11 +7,13 @@ Two models decide the tree:
 - ``AcceptanceModel``: for each drafter, depth and sibling rank, the probability that a
   node is accepted given that its parent was, as Beta-smoothed, slowly forgetting counts.
 
-Given the drafters' full tree, a node's chance of being accepted is the product of the
-conditional probabilities on its path. Taking nodes best-first (a path never gains
-probability, so parents come before children), ``n`` nodes give ``1 + sum(p)`` expected
-tokens for ``cost(n + 1)`` time; ``choose_subtree`` keeps the ``n`` that maximises their
-ratio, and ``n = 0`` (plain decoding) when no tree pays for itself.
+Given the drafters' full tree (every member's tree, merged without a cut, so that one
+member's many shallow guesses cannot push out another's deep ones), a node's chance of
+being accepted is the product of the conditional probabilities on its path. Taking nodes
+best-first (a path never gains probability, so parents come before children), ``n``
+nodes give ``1 + sum(p)`` expected tokens for ``cost(n + 1)`` time; ``choose_subtree``
+keeps the ``n`` (up to the step's budget) that maximises their ratio, and ``n = 0``
+(plain decoding) when no tree pays for itself.
 
 Learning needs no verification: every proposed tree (pruned or not) is scored later
 against the tokens the model actually emitted, so a drafter that is switched off keeps
@@ -101,6 +103,13 @@ class CostModel:
             raise DraftwiseError(f"bad cost profile '{path}': {exc} (re-run 'draftwise tune')") from None
 
 
+# Beta prior of every acceptance cell: p = 0.2, worth 1.25 observations, so that a few
+# steps of a prompt outweigh it. Chosen on held-out corpus prompts by replaying the
+# greedy outputs (scripts/corpus_prompts.py, scripts/replay_drafters.py): (1, 3) kept
+# deep nodes of a copying turn near 0.25 for too long.
+AUTO_PRIOR = (0.25, 1.0)
+
+
 class AcceptanceModel:
     """P(node accepted | parent accepted) per (source, depth, sibling rank)."""
 
@@ -109,7 +118,7 @@ class AcceptanceModel:
         n_sources: int = 1,
         max_depth: int = 16,
         max_rank: int = 8,
-        prior: tuple[float, float] = (1.0, 3.0),
+        prior: tuple[float, float] = AUTO_PRIOR,
         decay: float = 0.998,
     ) -> None:
         shape = (n_sources, max_depth, max_rank)
@@ -137,12 +146,8 @@ class AcceptanceModel:
         *reached* when its parent's path matches, *accepted* when its token matches too."""
         if len(tree) == 0 or emitted.size == 0:
             return
-        depth = tree.depth
-        known = depth <= emitted.size  # deeper nodes cannot be judged yet
-        ok = np.zeros(len(tree), bool)
-        for i, (p, d, tok) in enumerate(zip(tree.parents.tolist(), depth.tolist(), tree.tokens.tolist())):
-            if d <= emitted.size and (p < 0 or ok[p]):
-                ok[i] = tok == emitted[d - 1]
+        ok = matched(tree, emitted)
+        known = tree.depth <= emitted.size  # deeper nodes cannot be judged yet
         parent_ok = np.where(tree.parents >= 0, ok[np.maximum(tree.parents, 0)], True)
         reached = known & parent_ok
         if not reached.any():
@@ -154,10 +159,31 @@ class AcceptanceModel:
         np.add.at(self.hits, (s, d, r), ok[reached].astype(np.float64))
 
 
+def matched(tree: DraftTree, emitted: np.ndarray) -> np.ndarray:
+    """(N,) bool: the node and all its ancestors equal the emitted tokens at their depth.
+
+    Example::
+
+        >>> t = DraftTree.from_paths([[1, 2], [1, 3], [4]])
+        >>> matched(t, np.array([1, 3])).tolist()   # nodes: 1, 4, 2, 3
+        [True, False, False, True]
+    """
+    ok = np.zeros(len(tree), bool)
+    for i, (p, d, tok) in enumerate(zip(tree.parents.tolist(), tree.depth.tolist(), tree.tokens.tolist())):
+        if d <= emitted.size and (p < 0 or ok[p]):
+            ok[i] = tok == emitted[d - 1]
+    return ok
+
+
 def choose_subtree(
-    tree: DraftTree, acc: AcceptanceModel, cost: CostModel, context_len: int
+    tree: DraftTree,
+    acc: AcceptanceModel,
+    cost: CostModel,
+    context_len: int,
+    max_nodes: int | None = None,
 ) -> DraftTree:
-    """The best-first prefix of ``tree`` with the most expected tokens per ms."""
+    """The best-first prefix of ``tree`` (at most ``max_nodes`` nodes) with the most
+    expected tokens per ms."""
     if len(tree) == 0:
         return tree
     p = acc.node_probs(tree)
@@ -167,7 +193,8 @@ def choose_subtree(
     order = np.lexsort((np.arange(len(tree)), -path_p))  # best first, parents before children
     gain = 1.0 + np.concatenate([[0.0], np.cumsum(path_p[order])])  # (N+1,) tokens per step
     ms = cost.cost(np.arange(1, len(tree) + 2), context_len)  # (N+1,) verify time of n nodes
-    n = int(np.argmax(gain / ms))
+    limit = len(tree) if max_nodes is None else min(max_nodes, len(tree))
+    n = int(np.argmax((gain / ms)[: limit + 1]))
     return tree.subset(order[:n])
 
 
@@ -189,7 +216,6 @@ class AutoDrafter:
         self.acc = AcceptanceModel(n_sources=len(self.members))
         self.last_budget = 0
         self._pending: deque[tuple[DraftTree, int]] = deque()  # (full tree, root index)
-        self._context_len = 0
 
     def reset(self) -> None:
         for m in self.members:
@@ -207,9 +233,11 @@ class AutoDrafter:
         if cap <= 0:
             self.last_budget = 0
             return DraftTree.empty()
-        full = merge_trees([m.propose(context, cap) for m in self.members], cap)
+        # merged uncut: a breadth-first cut would let one member's shallow guesses push
+        # out another's deep ones; the choice below keeps the best ``cap`` nodes instead
+        full = merge_trees([m.propose(context, cap) for m in self.members])
         self._pending.append((full, context.size))
-        chosen = choose_subtree(full, self.acc, self.cost, context.size)
+        chosen = choose_subtree(full, self.acc, self.cost, context.size, cap)
         self.last_budget = len(chosen)
         return chosen
 

@@ -6,7 +6,7 @@ from draftwise.core.decode import Decoder
 from draftwise.core.drafters.base import NoDrafter
 from draftwise.core.drafters.cacheback import Cacheback
 from draftwise.core.sampling import SamplingParams
-from draftwise.core.tree import DraftTree
+from draftwise.core.tree import DraftTree, merge_trees
 from draftwise.errors import DraftwiseError
 from tests.fakes import FakeBackend
 
@@ -112,3 +112,46 @@ def test_auto_members_precise_first_and_learnt_apart():
     assert 8 in full.tokens[full.depth == 1].tolist()
     assert full.source[full.tokens.tolist().index(8)] == 0
     assert len(tree) <= len(full)
+
+
+def test_choice_respects_max_nodes():
+    acc = AcceptanceModel(prior=(3.0, 1.0))
+    flat = CostModel(rows=[1, 64], ms=[50, 51])
+    t = wide_tree()
+    assert len(choose_subtree(t, acc, flat, 100)) == len(t)
+    assert len(choose_subtree(t, acc, flat, 100, max_nodes=3)) == 3
+    assert len(choose_subtree(t, acc, flat, 100, max_nodes=0)) == 0
+
+
+class _Fixed:
+    """A drafter that always proposes the same tree."""
+
+    def __init__(self, name, paths):
+        self.name, self.tree = name, DraftTree.from_paths(paths)
+
+    def reset(self):
+        pass
+
+    def begin(self, prompt):
+        pass
+
+    def propose(self, context, budget):
+        return self.tree
+
+    def update(self, context, n_new):
+        pass
+
+
+def test_broad_member_does_not_crowd_out_a_deep_one():
+    """Members' trees are merged uncut and the budget is spent by expected gain: a
+    well-accepted deep chain survives a member with many shallow, never-accepted guesses
+    (a breadth-first cut at the budget kept the shallow ones and dropped the chain)."""
+    deep = _Fixed("deep", [[1, 2, 3, 4, 5, 6]])
+    broad = _Fixed("broad", [[t] for t in range(10, 20)])
+    auto = AutoDrafter([deep, broad], CostModel(rows=[1, 64], ms=[50, 51]))
+    auto.acc = AcceptanceModel(n_sources=2, prior=(1.0, 1.0), decay=1.0)
+    for _ in range(30):  # the deep chain is always right, the broad guesses never
+        auto.acc.observe(merge_trees([deep.tree, broad.tree]), np.array([1, 2, 3, 4, 5, 6, 7]))
+    ctx = np.array([0, 1, 2])
+    tree = auto.propose(ctx, 6)
+    assert tree.tokens.tolist() == [1, 2, 3, 4, 5, 6]

@@ -1,0 +1,162 @@
+"""Replay drafters against the greedy outputs of a finished bench, without the model.
+
+At temperature 0 a speculative run is fully determined by the plain greedy output: the
+model accepts the longest draft path that agrees with it and adds the next greedy token.
+So a bench's ``none`` records (their token ids) are an oracle: this script runs the real
+decoding loop and drafters against an oracle backend that answers from those ids, and
+prices each verify pass with the stored device cost curve (``draftwise tune``) instead
+of running the model. Drafting time is real. It is a tuning aid (seconds instead of an
+hour per setting); speed claims still come from ``draftwise bench``.
+
+Example (the auto-vs-grid bench, replayed for two drafters)::
+
+    OMP_NUM_THREADS=1 python scripts/replay_drafters.py bench/results/auto-vs-grid \\
+        --prompts ../shared/bench/prompts/specbench.jsonl \\
+        --drafters "auto,cacheback:ll=3,table=dynamic"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from draftwise.core.backend import Verified
+from draftwise.core.decode import Decoder
+from draftwise.core.sampling import SamplingParams
+from draftwise.core.tree import DraftTree
+
+
+class OracleBackend:
+    """Answers every verify row from the known greedy continuation ``seq``."""
+
+    def __init__(self, vocab_size: int, context_limit: int, cost) -> None:  # noqa: ANN001
+        self.name = "oracle"
+        self.vocab_size = vocab_size
+        self.context_limit = context_limit
+        self.cost = cost
+        self.seq: list[int] = []
+        self._len = 0
+        self.verify_ms = 0.0
+
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        self._len = 0
+
+    def trim(self, n: int) -> None:
+        self._len = n
+
+    def prefill(self, tokens: np.ndarray) -> None:
+        self._len += int(tokens.size)
+
+    def verify(self, root: int, tree: DraftTree, need_logits: bool) -> Verified:
+        base = self._len + 1  # seq index of the token after the root
+        truth = self.seq
+        out = np.full(len(tree) + 1, -1, np.int64)
+        out[0] = truth[base] if base < len(truth) else -1
+        ok = np.zeros(len(tree), bool)
+        for i, (p, d, tok) in enumerate(zip(tree.parents.tolist(), tree.depth.tolist(), tree.tokens.tolist())):
+            j = base + d - 1
+            if (p < 0 or ok[p]) and j < len(truth) and truth[j] == tok:
+                ok[i] = True
+                out[i + 1] = truth[j + 1] if j + 1 < len(truth) else -1
+        self.verify_ms += float(self.cost.cost(len(tree) + 1, self._len))
+        return Verified(out)
+
+    def commit(self, keep: np.ndarray) -> None:
+        self._len += int(keep.size)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bench", type=Path, help="a bench output folder (its results.json)")
+    p.add_argument("--prompts", type=Path, required=True)
+    p.add_argument("--drafters", required=True, help="comma-separated specs, as for the bench")
+    p.add_argument("--budget", type=int, default=16)
+    p.add_argument("--step-ms", type=float, default=None,
+                   help="fixed per-step overhead in ms (default: bench none verify ms - cost(1))")
+    args = p.parse_args()
+
+    import draftwise
+    from draftwise.api import Model
+    from draftwise.apps.bench.prompts import read_prompts
+    from draftwise.apps.bench.runner import Chat
+    from draftwise.apps.bench.cli import _names
+    from draftwise.tuning import ensure_profile
+
+    data = json.loads((args.bench / "results.json").read_text())
+    recs = [r for r in data["records"] if r["method"] == "none" and r["pass_no"] == 1]
+    real = draftwise.load(data["config"].get("model_dir"), backend="torch", dtype="float32")
+    cost = ensure_profile(real, quiet=True)
+    oracle = OracleBackend(real.backend.vocab_size, real.backend.context_limit, cost)
+    model = Model(oracle, real.tokenizer, real.model_dir)
+    model.profile = cost  # type: ignore[attr-defined]
+    stop = frozenset(real.tokenizer.eos_token_ids)
+    chat = Chat(real.tokenizer)
+    items = {it.id: it for it in read_prompts(args.prompts)}
+    by_item: dict[str, list[dict]] = defaultdict(list)
+    for r in recs:
+        by_item[r["prompt_id"]].append(r)
+    base_ms = float(cost.cost(1, 200))
+    none_verify = statistics.fmean(r["verify_ms"] / r["steps"] for r in recs)
+    step_ms = args.step_ms if args.step_ms is not None else max(0.0, none_verify - base_ms)
+    print(f"cost(1) = {base_ms:.1f} ms, bench none verify {none_verify:.1f} ms/step: "
+          f"per-step overhead {step_ms:.1f} ms")
+    import draftwise.tuning as tuning
+
+    tuning.ensure_profile = lambda m, quiet=False, reps=3: cost  # the oracle has no curve
+    specs = _names(args.drafters)
+    if "none" in specs:  # the simulated baseline first: speedups are against it
+        specs = ["none"] + [x for x in specs if x != "none"]
+    sim_none: dict[tuple[str, int], float] = {}
+    for spec in specs:
+        drafter = model._build_drafter(spec, {})
+        per_cat: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (method tps, none tps)
+        tokens = steps = nodes = 0
+        for pid, turns in by_item.items():
+            drafter.reset()
+            item = items[pid]
+            messages: list[dict[str, str]] = []
+            for r in sorted(turns, key=lambda x: x["turn"]):
+                messages.append({"role": "user", "content": item.turns[r["turn"] - 1]})
+                ids = chat.encode(messages)
+                oracle.seq = ids + r["token_ids"]
+                oracle.verify_ms = 0.0
+                dec = Decoder(oracle)
+                t0 = time.perf_counter()
+                out: list[int] = []
+                n_steps = 0
+                for st in dec.steps(ids, drafter, SamplingParams(), len(r["token_ids"]) if r["finish_reason"] == "length" else 10**6,
+                                    stop_ids=stop, budget=args.budget):
+                    out += st.tokens
+                    n_steps += 1
+                    nodes += st.drafted
+                host_ms = (time.perf_counter() - t0) * 1e3
+                assert out == r["token_ids"], (pid, r["turn"])
+                ms = host_ms + oracle.verify_ms + step_ms * n_steps + r["prefill_s"] * 1e3
+                if spec == "none":
+                    sim_none[pid, r["turn"]] = ms
+                base = sim_none.get((pid, r["turn"]), r["wall_s"] * 1e3)
+                per_cat[r["category"]].append((len(out) / ms, len(out) / base))
+                tokens += len(out)
+                steps += n_steps
+                messages.append({"role": "assistant", "content": chat.answer(r["token_ids"])})
+        allp = [x for v in per_cat.values() for x in v]
+        mean = statistics.fmean(a for a, _ in allp) / statistics.fmean(b for _, b in allp)
+        med = statistics.median(a / b for a, b in allp)
+        cats = " ".join(f"{c[:5]}={statistics.fmean(a for a, _ in v) / statistics.fmean(b for _, b in v):.2f}"
+                        for c, v in per_cat.items())
+        print(f"{spec:40s} speedup {mean:.3f}x median {med:.3f}x MAT {tokens / steps:.2f} "
+              f"tree {nodes / steps:.1f} | {cats}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
