@@ -121,6 +121,7 @@ def main() -> None:
         drafter = model._build_drafter(spec, {})
         per_cat: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (method tps, none tps)
         tokens = steps = nodes = 0
+        host_total = 0.0
         for pid, turns in by_item.items():
             drafter.reset()
             item = items[pid]
@@ -141,6 +142,7 @@ def main() -> None:
                     nodes += st.drafted
                 host_ms = (time.perf_counter() - t0) * 1e3
                 assert out == r["token_ids"], (pid, r["turn"])
+                host_total += host_ms
                 ms = host_ms + oracle.verify_ms + step_ms * n_steps + r["prefill_s"] * 1e3
                 if spec == "none":
                     sim_none[pid, r["turn"]] = ms
@@ -155,7 +157,7 @@ def main() -> None:
         cats = " ".join(f"{c[:5]}={statistics.fmean(a for a, _ in v) / statistics.fmean(b for _, b in v):.2f}"
                         for c, v in per_cat.items())
         print(f"{spec:40s} speedup {mean:.3f}x median {med:.3f}x MAT {tokens / steps:.2f} "
-              f"tree {nodes / steps:.1f} | {cats}", flush=True)
+              f"tree {nodes / steps:.1f} host {host_total / steps:.2f} ms/step | {cats}", flush=True)
 
 
 if __name__ == "__main__":
