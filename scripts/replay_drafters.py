@@ -5,8 +5,9 @@ model accepts the longest draft path that agrees with it and adds the next greed
 So a bench's ``none`` records (their token ids) are an oracle: this script runs the real
 decoding loop and drafters against an oracle backend that answers from those ids, and
 prices each verify pass with the stored device cost curve (``draftwise tune``) instead
-of running the model. Drafting time is real. It is a tuning aid (seconds instead of an
-hour per setting); speed claims still come from ``draftwise bench``.
+of running the model. Drafting and the loop are timed as this process's CPU time, so
+other load on the machine does not shift the estimate. It is a tuning aid (seconds
+instead of an hour per setting); speed claims still come from ``draftwise bench``.
 
 Example (the auto-vs-grid bench, replayed for two drafters)::
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from draftwise.core.autotune import matched
 from draftwise.core.backend import Verified
 from draftwise.core.decode import Decoder
 from draftwise.core.sampling import SamplingParams
@@ -59,15 +61,11 @@ class OracleBackend:
 
     def verify(self, root: int, tree: DraftTree, need_logits: bool) -> Verified:
         base = self._len + 1  # seq index of the token after the root
-        truth = self.seq
-        out = np.full(len(tree) + 1, -1, np.int64)
-        out[0] = truth[base] if base < len(truth) else -1
-        ok = np.zeros(len(tree), bool)
-        for i, (p, d, tok) in enumerate(zip(tree.parents.tolist(), tree.depth.tolist(), tree.tokens.tolist())):
-            j = base + d - 1
-            if (p < 0 or ok[p]) and j < len(truth) and truth[j] == tok:
-                ok[i] = True
-                out[i + 1] = truth[j + 1] if j + 1 < len(truth) else -1
+        nxt = np.asarray(self.seq[base:] + [-1] * (tree.max_depth + 1), np.int64)  # (>= D+1,)
+        out = np.full(len(tree) + 1, -1, np.int64)  # -1: a row off the true path
+        out[0] = nxt[0]
+        hit = matched(tree, nxt[: tree.max_depth])  # (N,) node's path equals the output
+        out[1:][hit] = nxt[tree.depth[hit]]  # a matched node at depth d predicts token d
         self.verify_ms += float(self.cost.cost(len(tree) + 1, self._len))
         return Verified(out)
 
@@ -132,7 +130,7 @@ def main() -> None:
                 oracle.seq = ids + r["token_ids"]
                 oracle.verify_ms = 0.0
                 dec = Decoder(oracle)
-                t0 = time.perf_counter()
+                t0 = time.process_time()
                 out: list[int] = []
                 n_steps = 0
                 for st in dec.steps(ids, drafter, SamplingParams(), len(r["token_ids"]) if r["finish_reason"] == "length" else 10**6,
@@ -140,7 +138,7 @@ def main() -> None:
                     out += st.tokens
                     n_steps += 1
                     nodes += st.drafted
-                host_ms = (time.perf_counter() - t0) * 1e3
+                host_ms = (time.process_time() - t0) * 1e3
                 assert out == r["token_ids"], (pid, r["turn"])
                 host_total += host_ms
                 ms = host_ms + oracle.verify_ms + step_ms * n_steps + r["prefill_s"] * 1e3
