@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from draftwise.core.autotune import matched
+from draftwise.core.autotune import CostModel, matched
 from draftwise.core.backend import Verified
 from draftwise.core.decode import Decoder
 from draftwise.core.sampling import SamplingParams
@@ -37,7 +37,7 @@ from draftwise.core.tree import DraftTree
 class OracleBackend:
     """Answers every verify row from the known greedy continuation ``seq``."""
 
-    def __init__(self, vocab_size: int, context_limit: int, cost) -> None:  # noqa: ANN001
+    def __init__(self, vocab_size: int, context_limit: int, cost: CostModel) -> None:
         self.name = "oracle"
         self.vocab_size = vocab_size
         self.context_limit = context_limit
@@ -96,7 +96,6 @@ def main() -> None:
     cost = ensure_profile(real, quiet=True)
     oracle = OracleBackend(real.backend.vocab_size, real.backend.context_limit, cost)
     model = Model(oracle, real.tokenizer, real.model_dir)
-    model.profile = cost  # type: ignore[attr-defined]
     stop = frozenset(real.tokenizer.eos_token_ids)
     chat = Chat(real.tokenizer)
     items = {it.id: it for it in read_prompts(args.prompts)}
@@ -110,7 +109,8 @@ def main() -> None:
           f"per-step overhead {step_ms:.1f} ms")
     import draftwise.tuning as tuning
 
-    tuning.ensure_profile = lambda m, quiet=False, reps=3: cost  # the oracle has no curve
+    # ``auto`` asks for the device profile; the oracle has none, so hand it the real model's
+    tuning.ensure_profile = lambda m, quiet=False, reps=3: cost
     specs = _names(args.drafters)
     if "none" in specs:  # the simulated baseline first: speedups are against it
         specs = ["none"] + [x for x in specs if x != "none"]
