@@ -123,23 +123,14 @@ def test_choice_respects_max_nodes():
     assert len(choose_subtree(t, acc, flat, 100, max_nodes=0)) == 0
 
 
-class _Fixed:
-    """A drafter that always proposes the same tree."""
+class _Fixed(NoDrafter):
+    """A drafter that always proposes the same tree (NoDrafter's no-op learning)."""
 
     def __init__(self, name, paths):
         self.name, self.tree = name, DraftTree.from_paths(paths)
 
-    def reset(self):
-        pass
-
-    def begin(self, prompt):
-        pass
-
     def propose(self, context, budget):
         return self.tree
-
-    def update(self, context, n_new):
-        pass
 
 
 def test_broad_member_does_not_crowd_out_a_deep_one():
