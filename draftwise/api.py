@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,16 +25,20 @@ from typing import Any
 
 import numpy as np
 
-from draftwise.backends.select import make_backend
+from draftwise.backends.select import BACKENDS, make_backend
 from draftwise.core.backend import Backend
 from draftwise.core.decode import Decoder
-from draftwise.core.drafters import Drafter, make_drafter
+from draftwise.core.drafters import Drafter
 from draftwise.core.sampling import SamplingParams
+from draftwise.drafting import Assets, DraftingContext, build_drafter, check_spec, tqdm_progress
+from draftwise.drafting.progress import ProgressFactory
 from draftwise.errors import DraftwiseError
 from draftwise.models.resolve import resolve_model
 from draftwise.models.tokenizer import StreamingDetokenizer, Tokenizer
 
 Prompt = str | Sequence[int] | Sequence[dict[str, str]]
+__all__ = ["BACKENDS", "GenerationResponse", "Model", "generate", "load", "stream_generate"]
+MAX_NAMED_DRAFTERS = 16  # drafters with learnt state a Model keeps (LRU beyond that)
 
 
 @dataclass
@@ -66,46 +71,40 @@ class Model:
     """A loaded model: backend (weights + KV cache), tokenizer and decoder.
 
     Not thread-safe on its own: one generation at a time (``draftwise.Session`` adds a lock).
+    ``assets`` finds, builds and caches what drafters need (cost profile, bigram table);
+    ``drafting`` is the context every drafter of this model is built from.
     """
 
-    def __init__(self, backend: Backend, tokenizer: Tokenizer, model_dir: Path) -> None:
+    def __init__(
+        self, backend: Backend, tokenizer: Tokenizer, model_dir: Path,
+        progress: ProgressFactory | None = tqdm_progress,
+    ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.model_dir = model_dir
         self.decoder = Decoder(backend)
-        self.drafters: dict[str, Drafter] = {}  # named drafters keep their state
+        tok = tokenizer.identity()
+        self.assets = Assets(backend, model_dir, tok, progress, on_backend_reset=self.decoder.reset)
+        self.drafting = DraftingContext.for_backend(backend, self.assets, tok, progress)
+        # named drafters keep their state; the least recently used beyond the cap go
+        self.drafters: OrderedDict[str, Drafter] = OrderedDict()
 
     def drafter(self, spec: str | Drafter, **options: Any) -> Drafter:
-        """The drafter for ``spec``: a Drafter is used as is; a name gives this model's
-        long-lived drafter of that name (created on first use with ``options``)."""
+        """The drafter for ``spec``: a Drafter is used as is; a spec (``"cacheback:fl=2"``,
+        ``"auto"``, ``"ngrammys+ssd"``) gives this model's long-lived drafter of that spec,
+        built on first use (with ``options`` given as Python values, it is built anew)."""
         if not isinstance(spec, str):
             return spec
-        if options or spec not in self.drafters:
-            self.drafters[spec] = self._build_drafter(spec, options)
-        return self.drafters[spec]
-
-    def _build_drafter(self, spec: str, options: dict[str, Any]) -> Drafter:
-        """Drafters that need the model: ``auto`` (this device's cost profile), ``bigram``
-        and ``ngrammys`` (the model-derived table), ``cacheback`` (the shipped frozen
-        table when it matches this model's tokenizer); ``a+b`` combines them."""
-        from draftwise import ngram_tables, tuning
-        from draftwise.core.drafters import Combined, check_drafter_name, parse_spec
-        from draftwise.core.drafters.compose import Capped, split_budget
-
-        check_drafter_name(spec)
-        if "+" in spec:
-            return Combined([self._build_drafter(part, {}) for part in spec.split("+")])
-        inner, cap = split_budget(spec)
-        if cap is not None:  # ``name:budget=N``: this drafter's trees capped at N nodes
-            return Capped(self._build_drafter(inner, options), cap)
-        if spec == "auto" and not options:
-            return tuning.make_auto_drafter(self)
-        if ngram_tables.needs_table(spec):  # bigram / ngrammys: the model-derived table
-            return ngram_tables.make_table_drafter(self, spec, options)
-        name, parsed = parse_spec(spec)
-        if name == "cacheback":
-            return tuning.default_cacheback(self.tokenizer.identity(), **parsed, **options)
-        return make_drafter(spec, **options)
+        if not options and spec in self.drafters:
+            self.drafters.move_to_end(spec)
+            return self.drafters[spec]
+        key = str(check_spec(spec, objects=options))  # canonical text: one drafter per spec
+        if options or key not in self.drafters:
+            self.drafters[key] = build_drafter(key, self.drafting, **options)
+        self.drafters.move_to_end(key)
+        while len(self.drafters) > MAX_NAMED_DRAFTERS:
+            self.drafters.popitem(last=False)
+        return self.drafters[key]
 
     def encode_prompt(self, prompt: Prompt, chat_template: bool = True) -> list[int]:
         """Token ids for a string (chat template applied when the model has one and

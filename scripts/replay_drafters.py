@@ -27,9 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from draftwise.core.autotune import CostModel, matched
+from draftwise.core.autotune import matched
 from draftwise.core.backend import Verified
+from draftwise.core.costmodel import CostModel
 from draftwise.core.decode import Decoder
+from draftwise.core.device import DeviceInfo
 from draftwise.core.sampling import SamplingParams
 from draftwise.core.tree import DraftTree
 
@@ -49,6 +51,9 @@ class OracleBackend:
     @property
     def cache_len(self) -> int:
         return self._len
+
+    def device_info(self) -> DeviceInfo:
+        return DeviceInfo(kind="cpu", name="oracle", dtype="none", mode="replay", threads=1)
 
     def reset(self) -> None:
         self._len = 0
@@ -85,15 +90,15 @@ def main() -> None:
 
     import draftwise
     from draftwise.api import Model
+    from draftwise.apps.bench.cli import _names
     from draftwise.apps.bench.prompts import read_prompts
     from draftwise.apps.bench.runner import Chat
-    from draftwise.apps.bench.cli import _names
-    from draftwise.tuning import ensure_profile
+    from draftwise.drafting import build_drafter
 
     data = json.loads((args.bench / "results.json").read_text())
     recs = [r for r in data["records"] if r["method"] == "none" and r["pass_no"] == 1]
     real = draftwise.load(data["config"].get("model_dir"), backend="torch", dtype="float32")
-    cost = ensure_profile(real, quiet=True)
+    cost = real.assets.cost_profile(quiet=True)
     oracle = OracleBackend(real.backend.vocab_size, real.backend.context_limit, cost)
     model = Model(oracle, real.tokenizer, real.model_dir)
     stop = frozenset(real.tokenizer.eos_token_ids)
@@ -107,16 +112,14 @@ def main() -> None:
     step_ms = args.step_ms if args.step_ms is not None else max(0.0, none_verify - base_ms)
     print(f"cost(1) = {base_ms:.1f} ms, bench none verify {none_verify:.1f} ms/step: "
           f"per-step overhead {step_ms:.1f} ms")
-    import draftwise.tuning as tuning
-
     # ``auto`` asks for the device profile; the oracle has none, so hand it the real model's
-    tuning.ensure_profile = lambda m, quiet=False, reps=3: cost
+    model.assets.use_cost_profile(cost)
     specs = _names(args.drafters)
     if "none" in specs:  # the simulated baseline first: speedups are against it
         specs = ["none"] + [x for x in specs if x != "none"]
     sim_none: dict[tuple[str, int], float] = {}
     for spec in specs:
-        drafter = model._build_drafter(spec, {})
+        drafter = build_drafter(spec, model.drafting)
         per_cat: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (method tps, none tps)
         tokens = steps = nodes = 0
         host_total = 0.0

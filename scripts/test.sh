@@ -5,4 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
+# the package layering (.importlinter): core numpy-only, no backend in apps, no cycles
+.venv/bin/lint-imports
 exec .venv/bin/python -m pytest -q "$@"

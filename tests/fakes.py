@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from draftwise.core.backend import Verified
+from draftwise.core.device import DeviceInfo
 from draftwise.core.tree import DraftTree
 
 
@@ -28,6 +29,9 @@ class FakeBackend:
     @property
     def cache_len(self) -> int:
         return len(self.cache)
+
+    def device_info(self) -> DeviceInfo:
+        return DeviceInfo(kind="cpu", name="fake", dtype="float32", mode="normal", threads=1)
 
     def logits_after(self, seq: list[int]) -> np.ndarray:
         a = seq[-2] if len(seq) >= 2 else 0

@@ -8,7 +8,7 @@ import numpy as np
 
 from draftwise.core.autotune import CostModel
 from draftwise.core.decode import Decoder
-from draftwise.core.drafters import make_drafter
+from draftwise.drafting import make_drafter
 from draftwise.core.drafters.base import NoDrafter
 from draftwise.core.sampling import SamplingParams
 from tests.fakes import FakeBackend

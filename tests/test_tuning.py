@@ -8,25 +8,32 @@ pytestmark = pytest.mark.torch
 pytest.importorskip("torch")
 
 
+def fresh(model):
+    """The model's assets with nothing held in memory, so each call reads or measures."""
+    model.assets._cost = None
+    return model.assets
+
+
 def test_tune_store_reuse_and_corrupt(default_model_dir, tmp_path, monkeypatch):
     import draftwise
-    from draftwise import tuning
     from draftwise.core.autotune import AutoDrafter
 
     monkeypatch.setenv("DRAFTWISE_CACHE_DIR", str(tmp_path))
     model = draftwise.load(default_model_dir, backend="torch", dtype="float32")
-    path = tuning.profile_path(model)
+    path = model.assets.profile_path()
     assert not path.exists()
-    cost = tuning.ensure_profile(model, quiet=True, reps=1)
+    cost = fresh(model).cost_profile(quiet=True, reps=1)
     assert path.is_file() and cost.ms.shape == (2, 7) and (cost.ms > 0).all()
     assert model.backend.cache_len == 0 and model.decoder.cached == []
     mtime = path.stat().st_mtime_ns
-    again = tuning.ensure_profile(model, quiet=True, reps=1)
+    again = fresh(model).cost_profile(quiet=True, reps=1)
     assert path.stat().st_mtime_ns == mtime and (again.ms == cost.ms).all()
     path.write_text("{truncated")
-    fixed = tuning.ensure_profile(model, quiet=True, reps=1)
+    fixed = fresh(model).cost_profile(quiet=True, reps=1)
     assert fixed.ms.shape == cost.ms.shape and path.read_text().startswith("{")
     auto = model.drafter("auto")
     assert isinstance(auto, AutoDrafter)
     out = draftwise.generate(model, "Say hello.", drafter="auto", max_tokens=8)
     assert out
+    assert model.assets.device == model.backend.device_info()
+    assert model.backend.device_info().dtype == "float32" and model.backend.device_info().mode == "normal"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from draftwise.backends.select import BACKENDS
-from draftwise.core.drafters import check_drafter_name, drafter_names
+from draftwise.api import BACKENDS
+from draftwise.drafting import check_spec, drafter_names
 from draftwise.core.sampling import SamplingParams
 from draftwise.errors import DraftwiseError
 
@@ -46,7 +46,7 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty,
     )
-    check_drafter_name(args.drafter)
+    check_spec(args.drafter)  # names and options, before any model loads
     if args.max_tokens < 1:
         raise DraftwiseError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if args.budget < 0:

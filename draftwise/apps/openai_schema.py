@@ -21,11 +21,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftwise.core.drafters import check_drafter_name
+from draftwise.drafting import check_spec
 from draftwise.errors import DraftwiseError
+
+MAX_REQUEST_BUDGET = 64  # draft tree nodes a request may ask for
 
 
 class ApiError(Exception):
@@ -172,7 +175,12 @@ def _stop(body: dict[str, Any]) -> list[str]:
     return stops
 
 
-def _extension(body: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+def _extension(
+    body: dict[str, Any], defaults: dict[str, Any], ready: Callable[[str], bool] | None
+) -> dict[str, Any]:
+    """The ``draftwise`` object: a drafter spec checked as a remote client's (registry
+    names and remote-safe options only, no asset built inside a request) and a bounded
+    budget."""
     ext = body.get("draftwise") or {}
     if not isinstance(ext, dict):
         raise ApiError(
@@ -189,22 +197,33 @@ def _extension(body: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]
             f"draftwise.{unknown[0]}",
             "invalid_value",
         )
-    drafter = ext.get("drafter", defaults.get("drafter", "auto"))
-    try:
-        check_drafter_name(str(drafter))
-    except DraftwiseError as exc:
-        raise ApiError(400, str(exc), "draftwise.drafter", "invalid_value") from None
+    default = defaults.get("drafter", "auto")
+    drafter = ext.get("drafter", default)
+    if not isinstance(drafter, str):
+        raise ApiError(400, f"draftwise.drafter must be a string, got {drafter!r}",
+                       "draftwise.drafter", "invalid_type")
+    if drafter != default:  # the server's own drafter was chosen by its operator
+        try:
+            check_spec(drafter, remote=True, max_budget=MAX_REQUEST_BUDGET, ready=ready)
+        except DraftwiseError as exc:
+            raise ApiError(400, str(exc), "draftwise.drafter", "invalid_value") from None
     budget = _integer(ext, "budget", defaults.get("budget", 16), 0, "draftwise.budget")
+    if budget is not None and budget > MAX_REQUEST_BUDGET:
+        raise ApiError(400, f"draftwise.budget must be <= {MAX_REQUEST_BUDGET}, got {budget}",
+                       "draftwise.budget", "invalid_value")
     return {"drafter": drafter, "budget": budget}
 
 
 def parse_request(
-    raw: bytes, kind: str, defaults: dict[str, Any], model_ids: list[str]
+    raw: bytes, kind: str, defaults: dict[str, Any], model_ids: list[str],
+    ready: Callable[[str], bool] | None = None,
 ) -> GenRequest:
     """Check a ``/v1/chat/completions`` (``kind="chat"``) or ``/v1/completions`` body.
 
     ``defaults`` are the server's flags (``max_tokens``, ``temp``, ``top_p``, ``seed``,
-    ``drafter``, ``budget``, ...); the request overrides them.
+    ``drafter``, ``budget``, ...); the request overrides them. ``ready(asset)`` says
+    whether a drafter asset is built (``Model.assets.ready``): a drafter needing one that
+    is not is refused, never built inside a request.
     """
     try:
         body = json.loads(raw or b"null")
@@ -250,7 +269,7 @@ def parse_request(
         "repetition_penalty": defaults.get("repetition_penalty", 1.0),
         "seed": None if seed is None else seed % 2**63,
         "max_tokens": max_tokens,
-        **_extension(body, defaults),
+        **_extension(body, defaults, ready),
     }
     if options["top_p"] == 0.0:
         raise ApiError(400, "top_p must be > 0, got 0", "top_p", "invalid_value")

@@ -184,7 +184,8 @@ def create_app(session: Any, model_id: str, defaults: dict[str, Any]) -> Any:
         return ids
 
     async def run(request: Request, kind: str) -> Any:
-        req = parse_request(await request.body(), kind, defaults, [model_id])
+        ready = session.model.assets.ready
+        req = parse_request(await request.body(), kind, defaults, [model_id], ready)
         ids = await asyncio.to_thread(encode, req)
         rid, created = new_id(kind), int(time.time())
         job = Job(session, ids, req)

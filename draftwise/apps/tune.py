@@ -28,7 +28,6 @@ def setup_arg_parser(p: argparse.ArgumentParser | None = None) -> argparse.Argum
 
 def main(args: argparse.Namespace) -> int:
     import draftwise
-    from draftwise import tuning
     from draftwise.errors import DraftwiseError
 
     if args.reps < 1:
@@ -36,12 +35,14 @@ def main(args: argparse.Namespace) -> int:
     model = draftwise.load(
         args.model, backend=args.backend, dtype=args.dtype, invariant=args.invariant
     )
-    cost = tuning.ensure_profile(model) if args.show else tuning.tune(model, reps=args.reps)
+    assets = model.assets
+    cost = assets.cost_profile() if args.show else assets.measure_cost_profile(reps=args.reps)
     if args.json:
         print(json.dumps(cost.to_json()))
         return 0
-    print(f"profile: {tuning.profile_path(model)}")
-    print(f"device:  {cost.meta.get('device', '?')}  backend: {cost.meta.get('backend', '?')}")
+    print(f"profile: {assets.profile_path()}")
+    print(f"device:  {cost.meta.get('device', '?')}  backend: {cost.meta.get('backend', '?')}  "
+          f"mode: {cost.meta.get('mode', '?')}")
     header = "rows".rjust(8) + "".join(f"ctx {int(c)}".rjust(12) for c in cost.contexts)
     print(header)
     for j, r in enumerate(cost.rows.astype(int)):

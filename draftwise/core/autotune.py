@@ -33,75 +33,17 @@ Example: a flat cost curve keeps the whole tree, a steep one keeps nothing::
 
 from __future__ import annotations
 
-import json
 import os
 from collections import deque
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
-from draftwise.core.atomic import atomic_file
+from draftwise.core.costmodel import CostModel
 from draftwise.core.drafters.base import Drafter
 from draftwise.core.drafters.compose import load_members, save_members
 from draftwise.core.tree import DraftTree, merge_trees
 from draftwise.errors import DraftwiseError
-
-
-class CostModel:
-    """Verify latency in ms for ``rows`` rows, per context length (piecewise linear)."""
-
-    def __init__(
-        self,
-        rows: Sequence[int],
-        ms: Sequence[float] | Sequence[Sequence[float]],
-        contexts: Sequence[int] = (0,),
-        meta: dict[str, str] | None = None,
-    ) -> None:
-        self.rows = np.asarray(rows, np.float64)  # (R,) increasing
-        table = np.asarray(ms, np.float64)
-        self.ms = table.reshape(len(contexts), self.rows.size)  # (C, R)
-        self.contexts = np.asarray(contexts, np.float64)  # (C,) increasing
-        self.meta = dict(meta or {})
-        if self.rows.size < 2 or np.any(np.diff(self.rows) <= 0) or np.any(self.ms <= 0):
-            raise DraftwiseError("a cost curve needs >= 2 increasing row counts and positive times")
-
-    def cost(self, rows: int | np.ndarray, context_len: int) -> np.ndarray:
-        """Latency (ms) of verifying ``rows`` rows (vectorised) at ``context_len``."""
-        r = np.asarray(rows, np.float64)
-        per_ctx = []
-        for curve in self.ms:
-            slope = (curve[-1] - curve[-2]) / (self.rows[-1] - self.rows[-2])
-            inside = np.interp(r, self.rows, curve)
-            per_ctx.append(np.where(r > self.rows[-1], curve[-1] + slope * (r - self.rows[-1]), inside))
-        if len(per_ctx) == 1:
-            return per_ctx[0]
-        stacked = np.stack(per_ctx)  # (C, ...)
-        c = float(np.clip(context_len, self.contexts[0], self.contexts[-1]))
-        j = int(np.clip(np.searchsorted(self.contexts, c) - 1, 0, self.contexts.size - 2))
-        w = (c - self.contexts[j]) / (self.contexts[j + 1] - self.contexts[j])
-        return (1 - w) * stacked[j] + w * stacked[j + 1]
-
-    def to_json(self) -> dict[str, object]:
-        return {"version": 1, "rows": self.rows.astype(int).tolist(), "contexts":
-                self.contexts.astype(int).tolist(), "ms": self.ms.tolist(), "meta": self.meta}
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write atomically (temp file + rename)."""
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> CostModel:
-        try:
-            data = json.loads(Path(path).read_text())
-            if data.get("version") != 1:
-                raise ValueError(f"version {data.get('version')!r}")
-            return cls(data["rows"], data["ms"], data["contexts"], data.get("meta"))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise DraftwiseError(f"bad cost profile '{path}': {exc} (re-run 'draftwise tune')") from None
-
 
 # Beta prior of every acceptance cell: p = 0.2, worth 1.25 observations, so that a few
 # steps of a prompt outweigh it. Chosen on held-out corpus prompts by replaying the

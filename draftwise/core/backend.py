@@ -31,6 +31,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from draftwise.core.device import DeviceInfo
 from draftwise.core.tree import DraftTree
 
 
@@ -52,6 +53,9 @@ class Backend(Protocol):
 
     @property
     def cache_len(self) -> int: ...
+
+    def device_info(self) -> DeviceInfo:
+        """What this backend computes on (cost profiles are keyed by it)."""
 
     def reset(self) -> None:
         """Empty the KV cache."""

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from draftwise.core.autotune import CostModel
 from draftwise.core.backend import Backend
+from draftwise.core.costmodel import CostModel
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
 

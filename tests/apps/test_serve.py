@@ -38,9 +38,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVER: dict[str, object] = {}  # the server's process and cache directory
+
+
 @pytest.fixture(scope="module")
-def server(default_model_dir) -> Iterator[str]:
+def server(default_model_dir, tmp_path_factory) -> Iterator[str]:
     port = free_port()
+    cache = tmp_path_factory.mktemp("serve-cache")  # profiles and tables this server builds
+    SERVER.update(cache=cache)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -61,8 +66,9 @@ def server(default_model_dir) -> Iterator[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "DRAFTWISE_CACHE_DIR": str(cache)},
     )
+    SERVER.update(proc=proc)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -262,3 +268,43 @@ def test_bad_request_through_openai_client(client, model_id, reference):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert ask(client, model_id, PROMPTS[0], stream=True) == reference[PROMPTS[0]]
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def files_under(root) -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    "ext, words",
+    [
+        ({"drafter": "ssd:capacity=536870912"}, "cannot be set by a request"),
+        ({"drafter": "cacheback:frozen_path=/etc/shadow"}, "cannot be set by a request"),
+        ({"drafter": "cacheback:frozen_path=/nonexistent"}, "cannot be set by a request"),
+        ({"drafter": "cacheback:lc=4194304"}, "cannot be set by a request"),
+        ({"drafter": "cacheback:zz=3"}, "unknown option 'zz'"),
+        ({"drafter": "ssd:q_max=1000"}, "must be <= 64"),
+        ({"drafter": "cacheback:budget=100000"}, "budget must be <="),
+        ({"drafter": "ngrammys"}, "bigram table is not built"),
+        ({"drafter": 3}, "must be a string"),
+        ({"budget": 100000}, "budget must be <="),
+    ],
+)
+def test_drafter_options_from_a_client_are_bounded(server, ext, words):
+    """Paths, capacities, unknown options, long builds and oversized budgets are refused
+    with a 400 before anything is built: the server's memory and files stay as they were."""
+    proc, cache = SERVER["proc"], SERVER["cache"]
+    before_rss, before_files = rss_kb(proc.pid), files_under(cache)
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "draftwise": ext}
+    r = httpx.post(f"{server}/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert words in err["message"] and err["param"].startswith("draftwise.")
+    assert "/etc/shadow" not in err["message"].replace(str(ext.get("drafter")), "")
+    assert files_under(cache) == before_files
+    assert rss_kb(proc.pid) - before_rss < 64 * 1024  # kB: no 3.5 GB suffix array
+    assert httpx.get(f"{server}/health").json()["status"] == "ok"

@@ -97,7 +97,7 @@ def test_auto_and_combined_save_load(tmp_path):
 def test_auto_members_precise_first_and_learnt_apart():
     """``auto`` = a 3-token-leader Cacheback, SSD and a 1-token-leader Cacheback; the
     acceptance model keeps one row of statistics per member."""
-    from draftwise.core.drafters import make_drafter
+    from draftwise.drafting import make_drafter
 
     auto = make_drafter("auto", cost=CostModel(rows=[1, 64], ms=[10, 10.5]))
     assert [m.name for m in auto.members] == ["cacheback-ll3", "ssd", "cacheback"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from draftwise.core.decode import Decoder
-from draftwise.core.drafters import make_drafter
+from draftwise.drafting import make_drafter
 from draftwise.core.drafters.base import NoDrafter
 from draftwise.core.drafters.cacheback import Cacheback, FrozenTable, LRUTable
 from draftwise.core.drafters.table_builder import build_frozen_table

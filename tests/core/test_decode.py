@@ -153,8 +153,9 @@ def test_context_full_ends_with_length():
 
 
 def test_capped_drafter_never_exceeds_its_budget_and_stays_lossless(tmp_path):
-    from draftwise.core.drafters import make_drafter
-    from draftwise.core.drafters.compose import Capped, split_budget
+    from draftwise.drafting import make_drafter
+    from draftwise.core.drafters.compose import Capped
+    from draftwise.drafting import PartSpec, parse_spec
 
     be = FakeBackend(vocab_size=6, sharpness=4.0)
     prompt = [1, 2, 3, 1, 2, 3, 1]
@@ -170,10 +171,10 @@ def test_capped_drafter_never_exceeds_its_budget_and_stays_lossless(tmp_path):
     # A caller's smaller budget still wins over the cap.
     _, steps, _ = run(be, make_drafter("cacheback:budget=8"), SamplingParams(), prompt, 60, budget=2)
     assert max(s.drafted for s in steps) <= 2
-    assert split_budget("cacheback:budget=4,fl=2") == ("cacheback:fl=2", 4)
+    assert parse_spec("cacheback:budget=4,fl=2").parts[0] == PartSpec("cacheback", {"fl": "2"}, 4)
     for bad in ("cacheback:budget=x", "cacheback:budget=-1"):
         with pytest.raises(DraftwiseError, match="budget"):
-            split_budget(bad)
+            parse_spec(bad)
     # State saves and loads through the cap (the inner drafter's file).
     d = make_drafter("cacheback:budget=4")
     run(be, d, SamplingParams(), prompt, 20)

@@ -8,7 +8,7 @@ import pytest
 from draftwise.core.acceptance import accept_greedy
 from draftwise.core.batch import accept_batch
 from draftwise.core.decode import Decoder
-from draftwise.core.drafters import make_drafter, parse_spec
+from draftwise.drafting import make_drafter, parse_spec
 from draftwise.core.drafters.base import NoDrafter
 from draftwise.core.drafters.bigram_table import BigramTable, build_bigram_table, unigram_ranking
 from draftwise.core.drafters.context_ngram import match_context
@@ -121,13 +121,14 @@ def test_greedy_ngrammys_equals_plain(verify):
 
 
 def test_specs_and_errors():
-    assert parse_spec("ngrammys:k=5,w=4,verify=batch") == ("ngrammys", {"k": 5, "w": 4, "verify": "batch"})
+    part = parse_spec("ngrammys:k=5,w=4,verify=batch").parts[0]
+    assert (part.name, part.options) == ("ngrammys", {"k": "5", "w": "4", "verify": "batch"})
     assert make_drafter("context-ngram:k=2,w=3+cacheback").name == "context-ngram+cacheback"
     with pytest.raises(DraftwiseError, match="needs the model-derived bigram table"):
         make_drafter("ngrammys")
     with pytest.raises(DraftwiseError, match="bad drafter option"):
         make_drafter("context-ngram:k")
-    with pytest.raises(DraftwiseError, match="w must be a positive integer, got 0"):
+    with pytest.raises(DraftwiseError, match="option w must be >= 1, got 0"):
         make_drafter("context-ngram:w=0")
     with pytest.raises(DraftwiseError, match="verify must be"):
         make_drafter("context-ngram:verify=rows")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from draftwise.core.decode import Decoder
-from draftwise.core.drafters import make_drafter
+from draftwise.drafting import make_drafter
 from draftwise.core.drafters.base import Drafter, NoDrafter
 from draftwise.core.drafters.ssd import SSD
 from draftwise.core.sampling import SamplingParams

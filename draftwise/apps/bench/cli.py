@@ -26,7 +26,7 @@ from draftwise.apps.bench.records import TurnRecord
 from draftwise.apps.bench.report import device_info, render_markdown, write_json, write_text
 from draftwise.apps.bench.runner import BASELINE_NAME, BenchConfig, Chat, DraftwiseMethod, run_bench
 from draftwise.apps.common import add_model_args, add_sampling_args, sampling_kwargs
-from draftwise.core.drafters import check_drafter_name, drafter_names
+from draftwise.drafting import check_spec, drafter_names
 from draftwise.errors import DraftwiseError
 
 
@@ -83,7 +83,7 @@ def check_args(args: argparse.Namespace) -> tuple[list[str], list[str], dict[str
     drafters = _names(args.drafters)
     drafters = [BASELINE_NAME] + [d for d in dict.fromkeys(drafters) if d != BASELINE_NAME]
     for d in drafters:
-        check_drafter_name(d)  # an unknown name fails here, before the model loads
+        check_spec(d)  # an unknown name or option fails here, before the model loads
     peers = list(dict.fromkeys(_names(args.peers)))
     check_peer_names(peers)
     if args.repeats < 1:

@@ -26,6 +26,7 @@ from draftwise.backends.cuda.invariant import MAX_ROWS, make_plan, min_rows
 from draftwise.backends.cuda.llama import Llama, causal_mask, read_llama_config, read_weights
 from draftwise.core.backend import Verified
 from draftwise.core.cachebook import CacheBook
+from draftwise.core.device import DeviceInfo, cpu_name
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
 
@@ -71,6 +72,16 @@ class TorchBackend(CacheBook, BatchMixin):
         CacheBook.__init__(self, max_cache_len, model.cfg.vocab_size)
         # Reused for every verify's mask: the cache prefix is always fully visible.
         self._ones = torch.ones((1, max_cache_len), dtype=torch.bool, device=self.device)
+
+    def device_info(self) -> DeviceInfo:
+        """The device, dtype, mode and thread count this backend computes with."""
+        if self.device.type == "cuda":
+            name, kind, threads = torch.cuda.get_device_name(self.device), "cuda", 1
+        else:
+            # the cost curve depends on the thread count (OMP_NUM_THREADS)
+            name, kind, threads = cpu_name(), self.device.type, torch.get_num_threads()
+        mode = "invariant" if self.invariant else "normal"
+        return DeviceInfo(kind=kind, name=name, dtype=self.dtype, mode=mode, threads=threads)
 
     @classmethod
     def from_pretrained(

@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from draftwise.backends.mlx.llama import Llama
 from draftwise.backends.mlx.load import context_window, default_dtype, has_gpu, load_module
 from draftwise.core.backend import Verified
 from draftwise.core.cachebook import CacheBook
+from draftwise.core.device import DeviceInfo, cpu_name, cpu_threads
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
 
@@ -62,6 +64,17 @@ class MLXBackend(CacheBook):
             "-invariant" if invariant else ""
         )
         CacheBook.__init__(self, max_cache_len, self.model.vocab_size)
+
+    def device_info(self) -> DeviceInfo:
+        """The device, dtype, mode and thread count this backend computes with."""
+        gpu = has_gpu()
+        name = f"mlx {mx.default_device()} {platform.machine()}"
+        if not gpu:
+            name = f"{cpu_name()} (mlx)"
+        return DeviceInfo(
+            kind="mlx-gpu" if gpu else "mlx-cpu", name=name, dtype=self.dtype,
+            mode="invariant" if self.invariant else "normal", threads=1 if gpu else cpu_threads(),
+        )
 
     @classmethod
     def from_pretrained(

@@ -127,31 +127,3 @@ class Capped:
 
     def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
         load_members([self.inner], path, tokenizer_id)
-
-
-def split_budget(spec: str) -> tuple[str, int | None]:
-    """``'cacheback:fl=2,budget=4'`` -> ``('cacheback:fl=2', 4)``; no option -> (spec, None).
-
-    Example::
-
-        >>> split_budget("auto:budget=8")
-        ('auto', 8)
-        >>> split_budget("ssd")
-        ('ssd', None)
-    """
-    name, sep, rest = spec.partition(":")
-    if not sep:
-        return spec, None
-    keep, cap = [], None
-    for item in rest.split(","):
-        key, _, val = item.partition("=")
-        if key.strip() == "budget":
-            try:
-                cap = int(val.strip())
-            except ValueError:
-                raise DraftwiseError(f"drafter option budget must be an integer, got {val.strip()!r} in {spec!r}") from None
-            if cap < 0:
-                raise DraftwiseError(f"drafter option budget must be >= 0, got {cap} in {spec!r}")
-        else:
-            keep.append(item)
-    return (f"{name}:{','.join(keep)}" if keep else name), cap

@@ -9,7 +9,7 @@ verification (``propose_batch``); ``verify`` picks the path: ``"auto"`` (the bac
 measured default), ``"tree"`` or ``"batch"``.
 
 Both need the model-derived :class:`BigramTable`; ``model.drafter("ngrammys")`` builds it
-on first use and caches it on disk (``draftwise.ngram_tables``).
+on first use and caches it on disk (``draftwise.drafting.assets``).
 
 Example with a toy table (next token ``x + 1``, second choice ``x + 2``, mod 6)::
 

@@ -13,7 +13,7 @@ from draftwise.backends.cuda import TorchBackend  # noqa: E402
 from draftwise.core.acceptance import accept_greedy  # noqa: E402
 from draftwise.core.batch import accept_batch  # noqa: E402
 from draftwise.core.decode import Decoder  # noqa: E402
-from draftwise.core.drafters import make_drafter  # noqa: E402
+from draftwise.drafting import make_drafter  # noqa: E402
 from draftwise.core.drafters.base import NoDrafter  # noqa: E402
 from draftwise.core.drafters.bigram_table import build_bigram_table  # noqa: E402
 from draftwise.core.sampling import SamplingParams  # noqa: E402

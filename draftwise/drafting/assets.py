@@ -1,0 +1,184 @@
+"""Assets drafters need, found, built, cached and versioned in one place.
+
+- **cost profile**: the device's verify cost curve (``draftwise tune``), per device
+  description, backend mode, model and dtype; measured in seconds on first use.
+- **bigram table**: the model-derived top-k next tokens of every token (N-Grammys),
+  per model and tokenizer; built in minutes on first use (never inside a request).
+- **frozen table**: Cacheback's shipped n-gram table, used when it was built for this
+  model's tokenizer.
+- **checkpoints**: trained drafter weights, per drafter name, model and tokenizer.
+
+Files live under ``cache_dir()`` (``$DRAFTWISE_CACHE_DIR``), are written atomically and
+carry a format version in their name or content, so a new version never reads an old file
+and a corrupt file is rebuilt, not trusted.
+
+Example::
+
+    assets = model.assets
+    cost = assets.cost_profile()          # measures on first use (seconds), then reuses
+    table = assets.bigram_table()         # builds on first use (minutes), then loads
+    assets.ready("bigram_table")          # True once built: a server may use it
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from draftwise.core.backend import Backend
+from draftwise.core.costmodel import CostModel
+from draftwise.core.costprofile import measure_cost_curve
+from draftwise.core.device import DeviceInfo
+from draftwise.core.drafters.bigram_table import (
+    BigramTable,
+    TableSource,
+    build_bigram_table,
+    unigram_ranking,
+)
+from draftwise.core.drafters.frozen_table import DEFAULT_TABLE, FrozenTable
+from draftwise.drafting.progress import ProgressFactory
+from draftwise.errors import DraftwiseError
+from draftwise.models.paths import cache_dir
+
+PROFILE_VERSION = 2  # 2: keyed by the backend's own device description
+TABLE_K = 20  # bigram top-k kept per token: the paper's useful k range is <= 25
+TABLE_BATCH = 512  # one-token rows per forward when building the bigram table
+COST_PROFILE, BIGRAM_TABLE = "cost_profile", "bigram_table"
+
+
+class Assets:
+    """The assets of one loaded model on one device (see the module docstring)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        model_dir: str | os.PathLike[str],
+        tokenizer_id: str,
+        progress: ProgressFactory | None = None,
+        on_backend_reset: Callable[[], None] | None = None,
+        root: Path | None = None,
+    ) -> None:
+        self.backend = backend
+        self.model_dir = Path(model_dir)
+        self.tokenizer_id = tokenizer_id
+        self.progress = progress
+        self.on_backend_reset = on_backend_reset  # profiling empties the KV cache
+        self._root = root
+        self._cost: CostModel | None = None
+        self._bigram: BigramTable | None = None
+        self._frozen: FrozenTable | None | bool = False  # False: not looked up yet
+
+    @property
+    def root(self) -> Path:
+        return self._root if self._root is not None else cache_dir()
+
+    @property
+    def device(self) -> DeviceInfo:
+        return self.backend.device_info()
+
+    def _bar(self, label: str, quiet: bool) -> Callable[[int, int], None] | None:
+        return None if quiet or self.progress is None else self.progress(label)
+
+    # ----- cost profile -----------------------------------------------------------------
+    def profile_path(self) -> Path:
+        """Where this model's cost profile on this device lives."""
+        dev = self.device
+        key = f"v{PROFILE_VERSION}|{dev.key()}|{self.backend.name}|{self.model_dir.resolve()}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        return self.root / "profiles" / f"{self.model_dir.name}-{self.backend.name}-{digest}.json"
+
+    def measure_cost_profile(self, reps: int = 3, quiet: bool = False) -> CostModel:
+        """Measure and store the cost curve (what ``draftwise tune`` runs)."""
+        dev = self.device
+        meta = {"device": dev.describe(), "backend": self.backend.name, "model": str(self.model_dir),
+                "dtype": dev.dtype, "mode": dev.mode, "threads": str(dev.threads)}
+        bar = self._bar("draftwise: measuring verify cost on this device", quiet)
+        try:
+            cost = measure_cost_curve(self.backend, reps=reps, progress=bar, meta=meta)
+        finally:
+            if self.on_backend_reset is not None:
+                self.on_backend_reset()
+        cost.save(self.profile_path())
+        self._cost = cost
+        return cost
+
+    def cost_profile(self, quiet: bool = False, reps: int = 3) -> CostModel:
+        """The stored profile, or a fresh measurement when there is none or it is unreadable."""
+        if self._cost is not None:
+            return self._cost
+        path = self.profile_path()
+        if path.is_file():
+            try:
+                self._cost = CostModel.load(path)
+                return self._cost
+            except DraftwiseError as exc:
+                if not quiet:
+                    print(f"draftwise: {exc}; measuring again", file=sys.stderr)
+        return self.measure_cost_profile(reps=reps, quiet=quiet)
+
+    def use_cost_profile(self, cost: CostModel) -> None:
+        """Plan with ``cost`` instead of measuring (replays, tests)."""
+        self._cost = cost
+
+    # ----- bigram table -----------------------------------------------------------------
+    def bigram_path(self) -> Path:
+        """Where this model's bigram table lives (per model directory and tokenizer)."""
+        tok = self.tokenizer_id[:16]
+        return self.root / "tables" / f"bigram-{self.model_dir.name}-{tok}.npz"
+
+    def build_bigram_table(self, k: int = TABLE_K, quiet: bool = False) -> BigramTable:
+        """Build the table from the model (no disk access)."""
+        src = self.backend
+        if not isinstance(src, TableSource):
+            raise DraftwiseError(f"backend {self.backend.name!r} cannot build a bigram table (no next_topk)")
+        uni = unigram_ranking(*src.embeddings())
+        return build_bigram_table(
+            lambda ids: src.next_topk(ids, k), self.backend.vocab_size, k, TABLE_BATCH, uni,
+            self._bar("bigram table", quiet),
+        )
+
+    def bigram_table(self, quiet: bool = False) -> BigramTable:
+        """This model's cached table, or build and cache it (minutes on a CPU)."""
+        if self._bigram is not None:
+            return self._bigram
+        path = self.bigram_path()
+        if path.exists():
+            try:
+                self._bigram = BigramTable.load(path, self.tokenizer_id)
+                return self._bigram
+            except DraftwiseError as exc:
+                if not quiet:
+                    print(f"rebuilding the bigram table: {exc}", file=sys.stderr)
+        table = self.build_bigram_table(quiet=quiet)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table.save(path, self.tokenizer_id)
+        self._bigram = table
+        return table
+
+    # ----- frozen Cacheback table ---------------------------------------------------------
+    def frozen_table(self) -> FrozenTable | None:
+        """The shipped frozen table when it was built for this tokenizer, else None."""
+        if self._frozen is False:
+            try:
+                self._frozen = FrozenTable.load(DEFAULT_TABLE, self.tokenizer_id)
+            except DraftwiseError:
+                self._frozen = None  # made for another model's tokenizer
+        assert self._frozen is not False
+        return self._frozen
+
+    # ----- trained drafter checkpoints ----------------------------------------------------
+    def checkpoint_dir(self, drafter: str) -> Path:
+        """Where a trained drafter's checkpoint for this model and tokenizer is cached."""
+        return self.root / "drafters" / f"{drafter}-{self.model_dir.name}-{self.tokenizer_id[:16]}"
+
+    # ----- what can be used without a long build --------------------------------------------
+    def ready(self, asset: str) -> bool:
+        """Whether ``asset`` is in memory or on disk, so using it costs no build."""
+        if asset == COST_PROFILE:
+            return self._cost is not None or self.profile_path().is_file()
+        if asset == BIGRAM_TABLE:
+            return self._bigram is not None or self.bigram_path().is_file()
+        raise DraftwiseError(f"unknown asset {asset!r}")

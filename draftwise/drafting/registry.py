@@ -1,0 +1,174 @@
+"""Every drafter by name, with its declared options and how to build it.
+
+Adding a drafter is one file (its class, under ``draftwise/core/drafters/``) plus one
+``DrafterEntry`` here: its options (type, default, bounds, remote-settable or not), the
+assets it needs built first, and a builder from (context, checked options).
+
+Example::
+
+    >>> sorted(REGISTRY)[:3]
+    ['auto', 'bigram', 'cacheback']
+    >>> [o.name for o in REGISTRY["ssd"].options if not o.remote][:2]
+    ['capacity', 'rebuild_tokens']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from draftwise.core.autotune import AutoDrafter
+from draftwise.core.drafters.base import Drafter, NoDrafter
+from draftwise.core.drafters.cacheback import TABLE_MODES, Cacheback
+from draftwise.core.drafters.context_ngram import VERIFY_MODES, ContextNgram
+from draftwise.core.drafters.ngrammys import Bigram, NGrammys
+from draftwise.core.drafters.ssd import SSD
+from draftwise.drafting.assets import BIGRAM_TABLE, COST_PROFILE
+from draftwise.drafting.context import DraftingContext
+from draftwise.drafting.options import OBJECT, PATH, Option
+
+Builder = Callable[[DraftingContext, dict[str, Any]], Drafter]
+
+#: the most tree nodes any spec may ask for (``budget=N``); a server sets a lower cap
+MAX_BUDGET = 1024
+
+
+@dataclass(frozen=True)
+class DrafterEntry:
+    """A drafter's name, options and builder."""
+
+    name: str
+    summary: str
+    options: tuple[Option, ...]
+    build: Builder
+    assets: frozenset[str] = frozenset()  # built before use (minutes or seconds)
+    remote: bool = True  # may a network request name it?
+
+
+# ----- builders ---------------------------------------------------------------------------
+def build_cacheback(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
+    """Cacheback, plus the shipped frozen table when it was built for this tokenizer and
+    the options neither give their own nor ask for ``table=dynamic``."""
+    if "frozen_path" in opts and "tokenizer_id" not in opts and ctx.tokenizer_id is not None:
+        opts["tokenizer_id"] = ctx.tokenizer_id
+    own = "frozen" in opts or "frozen_path" in opts or opts.get("table") == "dynamic"
+    if not own and opts.get("ll", 1) == 1 and ctx.assets is not None:  # shipped: 1-token leaders
+        frozen = ctx.assets.frozen_table()
+        if frozen is not None:
+            opts["frozen"] = frozen
+    return Cacheback(**opts)
+
+
+def build_auto(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
+    """A precise Cacheback (3-token leaders), SSD and a broad Cacheback (1-token leaders,
+    dual table when possible) in one tree, pruned each step by the device's cost curve and
+    the online acceptance estimates. The acceptance model keeps statistics per member, so
+    the few nodes ``auto`` can afford on a steep cost curve come from the precise member
+    (measured: fixed ``cacheback:ll=3`` trees beat LL=1 ones on this CPU in float32,
+    bench/results/auto-vs-grid)."""
+    cost = opts.pop("cost", None)
+    if cost is None:
+        assets = ctx.need_assets("auto", "this device's cost profile (cost=CostModel)")
+        cost = assets.cost_profile(quiet=ctx.progress is None)
+    precise = Cacheback(ll=3, table="dynamic")
+    precise.name = "cacheback-ll3"  # its own state file beside the others (save_members)
+    members = [precise, SSD(), build_cacheback(ctx, {})]
+    return AutoDrafter(members, cost, **opts)
+
+
+def _with_bigram_table(cls: type[Bigram]) -> Builder:
+    def build(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
+        if "table_path" in opts and "tokenizer_id" not in opts and ctx.tokenizer_id is not None:
+            opts["tokenizer_id"] = ctx.tokenizer_id
+        if "table" not in opts and "table_path" not in opts:
+            assets = ctx.need_assets(cls.name, "the model-derived bigram table (table=BigramTable)")
+            opts["table"] = assets.bigram_table(quiet=ctx.progress is None)
+        return cls(**opts)
+
+    return build
+
+
+def _plain(cls: Callable[..., Drafter]) -> Builder:
+    return lambda ctx, opts: cls(**opts)
+
+
+# ----- options shared by the n-gram drafters -------------------------------------------------
+def _ngram_options(q: bool) -> tuple[Option, ...]:
+    opts = (
+        Option("k", int, 10, "drafts (rows) per step", low=1, high=64),
+        Option("w", int, 10, "tokens per draft", low=1, high=32),
+        Option("verify", str, "auto", "verify drafts as a tree or a batch", choices=VERIFY_MODES),
+    )
+    return opts + ((Option("q", int, 1, "context tokens matched", low=1, high=8),) if q else ())
+
+
+_TABLE_OPTIONS = (
+    Option("table", OBJECT, None, "a BigramTable (default: the model's, built once)", remote=False),
+    Option("table_path", PATH, None, "a bigram table file", remote=False),
+    Option("tokenizer_id", str, None, "the tokenizer a table file must match", remote=False),
+)
+
+REGISTRY: dict[str, DrafterEntry] = {}
+
+
+def register(entry: DrafterEntry) -> DrafterEntry:
+    if entry.name in REGISTRY:
+        raise ValueError(f"drafter {entry.name!r} registered twice")
+    REGISTRY[entry.name] = entry
+    return entry
+
+
+register(DrafterEntry("none", "plain decoding: no draft", (), _plain(NoDrafter)))
+register(DrafterEntry(
+    "cacheback", "LRU n-gram tables: dynamic (prompt + output) and the shipped frozen one", (
+        Option("ll", int, 1, "leader length (tokens matched)", low=1, high=8),
+        Option("fl", int, 3, "follower length (tokens drafted per leader)", low=1, high=16),
+        Option("crt", int, 4, "tree nodes reserved for depth", low=0, high=64),
+        Option("table", str, "dual", "which tables draft", choices=TABLE_MODES),
+        Option("lc", int, 1 << 16, "leaders kept (memory)", low=1, high=1 << 22, remote=False),
+        Option("fc", int, 32, "followers kept per leader (memory)", low=1, high=1024, remote=False),
+        Option("frozen", OBJECT, None, "a FrozenTable", remote=False),
+        Option("frozen_path", PATH, None, "a frozen table file (draftwise build-table)", remote=False),
+        Option("tokenizer_id", str, None, "the tokenizer a table file must match", remote=False),
+    ), build_cacheback,
+))
+register(DrafterEntry(
+    "ssd", "suffix array over everything read and written; exact repeats replayed", (
+        Option("q_max", int, 16, "longest context matched", low=1, high=64),
+        Option("q_min", int, 1, "shortest context matched", low=1, high=64),
+        Option("draft_len", int, 16, "tokens drafted", low=1, high=64),
+        Option("max_matches", int, 64, "matches counted per query", low=1, high=1024),
+        Option("replay", bool, True, "replay exact repeats whole"),
+        Option("capacity", int, 1 << 20, "tokens remembered (memory)", low=2, high=1 << 27, remote=False),
+        Option("rebuild_tokens", int, 4096, "new tokens per index rebuild", low=1, high=1 << 24,
+               remote=False),
+        Option("rebuild_seconds", float, 30.0, "seconds between rebuilds", low=1e-3, high=86400,
+               remote=False),
+        Option("max_tail", int, 1 << 16, "unindexed tokens scanned (time)", low=1, high=1 << 20,
+               remote=False),
+        Option("background", bool, True, "rebuild the index in a background thread", remote=False),
+    ), _plain(SSD),
+))
+register(DrafterEntry(
+    "context-ngram", "the context's own n-gram continuations (N-Grammys)", _ngram_options(q=True),
+    _plain(ContextNgram),
+))
+register(DrafterEntry(
+    "bigram", "model-derived bigram top-k table (N-Grammys)",
+    _ngram_options(q=False) + _TABLE_OPTIONS, _with_bigram_table(Bigram), frozenset({BIGRAM_TABLE}),
+))
+register(DrafterEntry(
+    "ngrammys", "context n-grams, then the bigram table (N-Grammys mixed strategy)",
+    _ngram_options(q=True) + _TABLE_OPTIONS, _with_bigram_table(NGrammys), frozenset({BIGRAM_TABLE}),
+))
+register(DrafterEntry(
+    "auto", "Cacheback + SSD in one tree, sized each step by this device's cost curve", (
+        Option("max_budget", int, 64, "most tree nodes per step", low=0, high=MAX_BUDGET),
+        Option("cost", OBJECT, None, "a CostModel (default: this device's profile)", remote=False),
+    ), build_auto, frozenset({COST_PROFILE}),
+))
+
+
+def drafter_names() -> list[str]:
+    return sorted(REGISTRY)

@@ -1,0 +1,71 @@
+"""Assets in one place: the cost profile measured once per device and reused, a corrupt
+file re-measured (never trusted), keyed by the backend's own device description."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from draftwise.core.device import DeviceInfo
+from draftwise.drafting import Assets, DraftingContext, SpecError, build_drafter
+from draftwise.drafting.assets import BIGRAM_TABLE, COST_PROFILE
+from draftwise.errors import DraftwiseError
+from tests.fakes import FakeBackend
+
+
+class ThreadedFake(FakeBackend):
+    def __init__(self, threads: int) -> None:
+        super().__init__(vocab_size=128, context_limit=512)
+        self.threads = threads
+
+    def device_info(self) -> DeviceInfo:
+        return dataclasses.replace(super().device_info(), threads=self.threads)
+
+
+def make_assets(tmp_path, be=None, resets=None):
+    be = be or FakeBackend(vocab_size=128, context_limit=512)
+    hook = (lambda: resets.append(1)) if resets is not None else None
+    return Assets(be, tmp_path / "model", "tok", on_backend_reset=hook, root=tmp_path / "cache")
+
+
+def test_cost_profile_measured_once_stored_and_reused(tmp_path):
+    resets: list[int] = []
+    assets = make_assets(tmp_path, resets=resets)
+    assert not assets.ready(COST_PROFILE)
+    cost = assets.cost_profile(quiet=True, reps=1)
+    path = assets.profile_path()
+    assert path.is_file() and assets.ready(COST_PROFILE) and resets == [1]
+    assert cost.meta["threads"] == "1" and cost.meta["mode"] == "normal"
+    again = make_assets(tmp_path).cost_profile(quiet=True, reps=1)  # read from disk
+    assert (again.ms == cost.ms).all()
+    path.write_text("{truncated")
+    fresh = make_assets(tmp_path)
+    fixed = fresh.cost_profile(quiet=True, reps=1)
+    assert fixed.ms.shape == cost.ms.shape and path.read_text().startswith("{")
+
+
+def test_profile_path_follows_the_device_description(tmp_path):
+    one = make_assets(tmp_path, ThreadedFake(1)).profile_path()
+    two = make_assets(tmp_path, ThreadedFake(2)).profile_path()
+    assert one != two and one.parent == two.parent
+
+
+def test_bigram_table_needs_a_backend_that_can_build_it(tmp_path):
+    assets = make_assets(tmp_path)
+    assert not assets.ready(BIGRAM_TABLE)
+    with pytest.raises(DraftwiseError, match="cannot build a bigram table"):
+        assets.bigram_table(quiet=True)
+    with pytest.raises(DraftwiseError, match="unknown asset"):
+        assets.ready("nope")
+
+
+def test_auto_through_a_context_uses_the_profile(tmp_path):
+    be = FakeBackend(vocab_size=128, context_limit=512)
+    assets = make_assets(tmp_path, be)
+    ctx = DraftingContext.for_backend(be, assets, "tok")
+    assert ctx.device == be.device_info()
+    auto = build_drafter("auto:max_budget=8", ctx)
+    assert auto.max_budget == 8 and auto.cost is assets.cost_profile()
+    with pytest.raises(SpecError, match="needs this device's cost profile"):
+        build_drafter("auto", DraftingContext.standalone())
