@@ -143,6 +143,48 @@ def load(
     return Model(be, Tokenizer.from_dir(model_dir), model_dir)
 
 
+# Names other libraries use for our keywords (transformers, OpenAI, mlx-lm).
+OTHER_NAMES = {
+    "max_new_tokens": "max_tokens",
+    "temperature": "temp",
+    "do_sample": "temp (0 = greedy, > 0 samples)",
+    "random_seed": "seed",
+    "repetition_context_size": "repetition_context",
+    "stop_token_ids": "stop",
+    "sampler": "temp, top_p, top_k, min_p (or draftwise.mlx_lm for mlx-lm's sampler)",
+    "logits_processors": "repetition_penalty (or draftwise.mlx_lm for mlx-lm's processors)",
+    "draft_model": "drafter",
+    "num_draft_tokens": "budget",
+}
+
+
+def check_keywords(unknown: dict[str, Any]) -> None:
+    """Raise a one-line ``DraftwiseError`` for the first keyword ``stream_generate`` does
+    not take, naming the keyword to use instead.
+
+    Example::
+
+        >>> check_keywords({"max_new_tokens": 32})
+        Traceback (most recent call last):
+        draftwise.errors.DraftwiseError: unknown keyword 'max_new_tokens': use max_tokens=
+    """
+    import difflib
+    import inspect
+
+    if not unknown:
+        return
+    name = next(iter(unknown))
+    known = [p for p in inspect.signature(stream_generate).parameters][2:-1]  # options only
+    if name in OTHER_NAMES:
+        other = OTHER_NAMES[name]
+        hint = f"use {other}" if " " in other else f"use {other}="
+    elif close := difflib.get_close_matches(name, known, n=1):
+        hint = f"did you mean {close[0]}=?"
+    else:
+        hint = f"stream_generate takes {', '.join(known)}"
+    raise DraftwiseError(f"unknown keyword {name!r}: {hint}")
+
+
 def stream_generate(
     model: Model,
     prompt: Prompt,
@@ -158,11 +200,25 @@ def stream_generate(
     budget: int = 16,
     chat_template: bool = True,
     stop: Sequence[int] = (),
+    repetition_context: int = 64,
+    temperature: float | None = None,
+    **unknown: Any,
 ) -> Iterator[GenerationResponse]:
-    """Generate from ``prompt``, yielding a ``GenerationResponse`` per step."""
+    """Generate from ``prompt``, yielding a ``GenerationResponse`` per step.
+
+    ``temperature=`` is accepted as another name for ``temp=``; any other unknown
+    keyword is a ``DraftwiseError`` that names the keyword to use instead.
+    """
+    check_keywords(unknown)
+    if temperature is not None:
+        if temp not in (0.0, temperature):
+            raise DraftwiseError(
+                f"give the temperature once: temp={temp!r} and temperature={temperature!r}"
+            )
+        temp = temperature
     params = SamplingParams(
         temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p,
-        repetition_penalty=repetition_penalty,
+        repetition_penalty=repetition_penalty, repetition_context=repetition_context,
     )
     if max_tokens < 1:
         raise DraftwiseError(f"max_tokens must be >= 1, got {max_tokens}")
