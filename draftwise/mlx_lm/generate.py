@@ -95,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
     )
     model, tokenizer = load(
         args.model, backend=args.backend, dtype=args.dtype, invariant=args.invariant
-    )
+    )[:2]
     for token in args.extra_eos_token:
         tokenizer.add_eos_token(token)
     prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")
