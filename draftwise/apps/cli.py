@@ -11,6 +11,7 @@ import argparse
 import importlib
 import re
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from draftwise.errors import DraftwiseError
@@ -78,10 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_app(main_fn: object, args: argparse.Namespace) -> int:
+def run_app(main_fn: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
     """Run an app's ``main(args)``; a ``DraftwiseError`` prints one line and gives 2."""
     try:
-        return int(main_fn(args) or 0)  # type: ignore[operator]
+        return int(main_fn(args) or 0)
     except DraftwiseError as exc:
         print(f"draftwise: error: {exc}", file=sys.stderr)
         return 2
