@@ -20,7 +20,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.mlx]
 N = 8
 
 
-def test_readme_examples(default_model_dir, capsys):  # type: ignore[no-untyped-def]
+@pytest.fixture
+def flat_profile(monkeypatch):  # type: ignore[no-untyped-def]
+    """``auto`` (the default drafter) plans with a given flat cost curve instead of
+    measuring this device's (9 minutes on mlx[cpu]): the plan changes what is drafted,
+    never what is emitted, and these tests compare emitted text."""
+    from draftwise.core.costmodel import CostModel
+    from draftwise.drafting.assets import Assets
+
+    flat = CostModel(rows=[1, 64], ms=[10.0, 11.0])
+    monkeypatch.setattr(Assets, "cost_profile", lambda self, quiet=False, reps=3: flat)
+
+
+def test_readme_examples(default_model_dir, capsys, flat_profile):  # type: ignore[no-untyped-def]
     check_examples(default_model_dir, "mlx", "float32", N, capsys)
 
 
