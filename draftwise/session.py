@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, cast
 from draftwise.core.drafters.compose import Persistent
 from draftwise.errors import DraftwiseError
 
+MAX_REQUEST_BUDGET = 64  # draft tree nodes a client's request may ask for
+
 if TYPE_CHECKING:  # the API imports torch-side modules; load it only when a Session is made
     from draftwise.api import GenerationResponse, Model, Prompt
 
@@ -145,9 +147,13 @@ class Session:
         cancel: CancelToken | None = None,
         on_token: Callable[[GenerationResponse], None] | None = None,
         stop: Sequence[str] = (),
+        remote: bool = False,
         **kwargs: Any,
     ) -> Generator[GenerationResponse, None, None]:
         """Yield a ``GenerationResponse`` per step, holding the session lock meanwhile.
+
+        ``remote=True`` marks options that came from a client (a request to an app):
+        they are checked with ``check_remote`` first.
 
         Stops cleanly at the next step when ``cancel`` (or ``Session.cancel()``) fires,
         or when the caller closes the iterator. ``stop`` strings end generation when the
@@ -156,6 +162,8 @@ class Session:
         response before it is yielded. Other options are those of
         ``draftwise.stream_generate``.
         """
+        if remote:
+            self.check_remote(kwargs)
         opts = {**self.defaults, **kwargs}
         stops = StopText(list(stop))  # checks the strings before queueing
         token = cancel or CancelToken()
@@ -199,6 +207,23 @@ class Session:
             finally:
                 inner.close()  # the decoder rewinds its cache here
                 self._current = None
+
+    def check_remote(self, options: dict[str, Any]) -> None:
+        """Raise ``DraftwiseError`` unless a client may ask for ``options``: a drafter
+        other than the session's own must be a registry name with remote-safe options
+        only, none needing an asset that is not built yet (no file paths, no allocations,
+        no minutes-long build while holding the model), and ``budget`` at most
+        ``MAX_REQUEST_BUDGET``."""
+        from draftwise.drafting import check_spec
+
+        drafter = options.get("drafter", self.defaults["drafter"])
+        if drafter != self.defaults["drafter"]:
+            if not isinstance(drafter, str):
+                raise DraftwiseError(f"a client's drafter must be a spec string, got {type(drafter).__name__}")
+            check_spec(drafter, remote=True, max_budget=MAX_REQUEST_BUDGET, ready=self.model.assets.ready)
+        budget = {**self.defaults, **options}.get("budget", 16)
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget <= MAX_REQUEST_BUDGET:
+            raise DraftwiseError(f"budget must be an integer in 0..{MAX_REQUEST_BUDGET}, got {budget!r}")
 
     def generate(self, prompt: Prompt, **kwargs: Any) -> str:
         """The whole answer as one string (same options as ``stream``); blocks while

@@ -155,3 +155,26 @@ def test_save_load_and_close(default_model_dir, tmp_path):
     s2.close()
     with pytest.raises(DraftwiseError, match="closed"):
         s2.generate(A, max_tokens=2)
+
+
+@pytest.mark.torch
+def test_remote_options_are_checked_before_anything_runs(session):
+    """A client's drafter spec: registry names and remote-safe options only, no asset
+    built inside a request, a bounded budget; the session's own drafter is always fine."""
+    session.check_remote({})  # the session's default drafter
+    session.check_remote({"drafter": "cacheback:fl=2", "budget": 64})
+    bad = [
+        ({"drafter": "ssd:capacity=536870912"}, "cannot be set by a request"),
+        ({"drafter": "cacheback:frozen_path=/etc/shadow"}, "cannot be set by a request"),
+        ({"drafter": "cacheback:zz=1"}, "unknown option 'zz'"),
+        ({"budget": 65}, "budget must be an integer in 0..64"),
+        ({"drafter": 3}, "must be a spec string"),
+    ]
+    if not session.model.assets.ready("bigram_table"):
+        bad.append(({"drafter": "ngrammys"}, "bigram table is not built"))
+    for opts, words in bad:
+        with pytest.raises(DraftwiseError, match=words):
+            session.stream("hi", remote=True, **opts)
+    assert not session.busy
+    # the same options from the app itself (not remote) are the app's own business
+    assert session.generate("Say hi.", drafter="cacheback:fl=2", max_tokens=2, remote=False)

@@ -27,8 +27,7 @@ from typing import Any
 
 from draftwise.drafting import check_spec
 from draftwise.errors import DraftwiseError
-
-MAX_REQUEST_BUDGET = 64  # draft tree nodes a request may ask for
+from draftwise.session import MAX_REQUEST_BUDGET
 
 
 class ApiError(Exception):
