@@ -15,7 +15,9 @@ accepted), and running statistics.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -70,7 +72,9 @@ class GenerationResponse:
 class Model:
     """A loaded model: backend (weights + KV cache), tokenizer and decoder.
 
-    Not thread-safe on its own: one generation at a time (``draftwise.Session`` adds a lock).
+    One generation at a time: a second ``stream_generate`` started while another is alive
+    on the same model raises ``DraftwiseError`` (both would share one KV cache);
+    ``draftwise.Session`` queues generations from several threads instead.
     ``assets`` finds, builds and caches what drafters need (cost profile, bigram table);
     ``drafting`` is the context every drafter of this model is built from.
     """
@@ -88,6 +92,21 @@ class Model:
         self.drafting = DraftingContext.for_backend(backend, self.assets, tok, progress)
         # named drafters keep their state; the least recently used beyond the cap go
         self.drafters: OrderedDict[str, Drafter] = OrderedDict()
+        self._live = threading.Lock()  # held by the one live generation
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the model for one generation; raise if another one is alive."""
+        if not self._live.acquire(blocking=False):
+            raise DraftwiseError(
+                "this model is already generating: finish or close() the other "
+                "stream_generate first (two would corrupt its KV cache), or use "
+                "draftwise.Session, which queues generations"
+            )
+        try:
+            yield
+        finally:
+            self._live.release()
 
     def drafter(self, spec: str | Drafter, **options: Any) -> Drafter:
         """The drafter for ``spec``: a Drafter is used as is; a spec (``"cacheback:fl=2"``,
@@ -207,7 +226,8 @@ def stream_generate(
     """Generate from ``prompt``, yielding a ``GenerationResponse`` per step.
 
     ``temperature=`` is accepted as another name for ``temp=``; any other unknown
-    keyword is a ``DraftwiseError`` that names the keyword to use instead.
+    keyword is a ``DraftwiseError`` that names the keyword to use instead. Raises
+    ``DraftwiseError`` when another generation is alive on ``model`` (one KV cache).
     """
     check_keywords(unknown)
     if temperature is not None:
@@ -216,6 +236,32 @@ def stream_generate(
                 f"give the temperature once: temp={temp!r} and temperature={temperature!r}"
             )
         temp = temperature
+    with model.exclusive():
+        yield from _generate(
+            model, prompt, drafter=drafter, max_tokens=max_tokens, temp=temp, top_p=top_p,
+            top_k=top_k, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
+            budget=budget, chat_template=chat_template, stop=stop,
+            repetition_context=repetition_context,
+        )
+
+
+def _generate(
+    model: Model,
+    prompt: Prompt,
+    *,
+    drafter: str | Drafter,
+    max_tokens: int,
+    temp: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    repetition_penalty: float,
+    seed: int | None,
+    budget: int,
+    chat_template: bool,
+    stop: Sequence[int],
+    repetition_context: int,
+) -> Iterator[GenerationResponse]:
     params = SamplingParams(
         temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p,
         repetition_penalty=repetition_penalty, repetition_context=repetition_context,

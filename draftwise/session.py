@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -107,9 +108,14 @@ class Session:
     drafter state that persists across calls (and across runs with ``cache_dir``).
 
     ``model`` is a loaded ``draftwise.Model`` or anything ``draftwise.load`` accepts
-    (``None`` = the embedded default). Defaults for ``stream``/``generate`` (drafter,
-    budget, max_tokens, ...) come from ``defaults``. See the module docstring for the
-    lifecycle.
+    (``None`` = the embedded default; ``backend``, ``dtype`` and ``invariant`` as in
+    ``load``). Defaults for ``stream``/``generate`` (drafter, budget, max_tokens, ...)
+    come from ``defaults``. See the module docstring for the lifecycle.
+
+    ``stream(..., state="id")`` drafts with drafters that only that id's generations
+    taught (a server gives each API key its own); at most ``max_states`` such sets are
+    kept, the least recently used dropped. Without ``state`` the drafters are shared and
+    their state is what ``save`` writes.
 
     Example::
 
@@ -124,17 +130,27 @@ class Session:
         backend: str = "auto",
         dtype: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        invariant: bool | str = "auto",
+        max_states: int = 8,
         **defaults: Any,
     ) -> None:
         from draftwise.api import Model, load
 
-        self.model: Model = model if isinstance(model, Model) else load(model, backend, dtype)
+        if isinstance(model, Model):
+            self.model: Model = model
+        else:
+            self.model = load(model, backend, dtype, invariant)
+        if max_states < 1:
+            raise DraftwiseError(f"max_states must be >= 1, got {max_states}")
+        self.max_states = max_states
+        self._states: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.defaults: dict[str, Any] = {"drafter": "auto", **defaults}
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self._lock = threading.Lock()
         self._current: CancelToken | None = None
         self._closed = False
         self.load_errors: list[str] = []  # drafter files that could not be loaded
+        self._keep: set[Path] = set()  # files that failed to load: never overwritten
         if self.cache_dir is not None:
             self.load_state(self.cache_dir)
 
@@ -148,6 +164,7 @@ class Session:
         on_token: Callable[[GenerationResponse], None] | None = None,
         stop: Sequence[str] = (),
         remote: bool = False,
+        state: str | None = None,
         **kwargs: Any,
     ) -> Generator[GenerationResponse, None, None]:
         """Yield a ``GenerationResponse`` per step, holding the session lock meanwhile.
@@ -159,15 +176,25 @@ class Session:
         or when the caller closes the iterator. ``stop`` strings end generation when the
         text contains one (the stop string and what follows are trimmed; the last
         response then has ``finish_reason="stop"``). ``on_token`` is called with each
-        response before it is yielded. Other options are those of
-        ``draftwise.stream_generate``.
+        response before it is yielded. ``state`` picks a separate set of drafters (see
+        the class docstring). Other options are those of ``draftwise.stream_generate``.
         """
         if remote:
             self.check_remote(kwargs)
         opts = {**self.defaults, **kwargs}
         stops = StopText(list(stop))  # checks the strings before queueing
         token = cancel or CancelToken()
-        return self._run(prompt, token, on_token, stops, opts)
+        return self._run(prompt, token, on_token, stops, opts, state)
+
+    def _drafters_of(self, state: str) -> dict[str, Any]:
+        """The drafters of ``state`` (made empty on first use), now most recently used."""
+        drafters = self._states.pop(state, None)
+        if drafters is None:
+            drafters = OrderedDict()
+            while len(self._states) >= self.max_states:
+                self._states.popitem(last=False)
+        self._states[state] = drafters
+        return drafters
 
     def _run(
         self,
@@ -176,6 +203,7 @@ class Session:
         on_token: Callable[[GenerationResponse], None] | None,
         stops: StopText,
         opts: dict[str, Any],
+        state: str | None = None,
     ) -> Generator[GenerationResponse, None, None]:
         from draftwise.api import stream_generate
 
@@ -183,6 +211,9 @@ class Session:
             if self._closed:
                 raise DraftwiseError("this session is closed")
             self._current = token
+            shared = self.model.drafters
+            if state is not None:  # one generation at a time: swapping is safe here
+                self.model.drafters = self._drafters_of(state)
             inner = cast(
                 "Generator[GenerationResponse, None, None]",
                 stream_generate(self.model, prompt, **opts),
@@ -206,6 +237,7 @@ class Session:
                         break
             finally:
                 inner.close()  # the decoder rewinds its cache here
+                self.model.drafters = shared
                 self._current = None
 
     def check_remote(self, options: dict[str, Any]) -> None:
@@ -241,6 +273,15 @@ class Session:
         """Whether a generation holds the session now."""
         return self._lock.locked()
 
+    def check_loaded(self) -> None:
+        """Raise, naming the files, when saved drafter state could not be loaded (an app
+        refuses to start rather than run without it; the files are left as they are)."""
+        if self.load_errors:
+            raise DraftwiseError(
+                "saved drafter state cannot be loaded (move the file away, or start with "
+                "another --cache-dir; it was not changed): " + "; ".join(self.load_errors)
+            )
+
     def reset(self) -> None:
         """Drop the KV cache (drafters keep what they learnt); waits for the lock."""
         with self._lock:
@@ -253,7 +294,8 @@ class Session:
 
     def save(self, directory: str | os.PathLike[str] | None = None) -> list[Path]:
         """Write the state of every named drafter that supports it into ``directory``
-        (default: ``cache_dir``) as ``<name>.drafter``; returns the files written."""
+        (default: ``cache_dir``) as ``<name>.drafter``; returns the files written. A file
+        that failed to load when the session started is left as it is."""
         target = Path(directory).expanduser() if directory is not None else self.cache_dir
         if target is None:
             raise DraftwiseError(
@@ -265,6 +307,8 @@ class Session:
         with self._lock:
             for name, drafter in self._persistent().items():
                 path = target / f"{name}.drafter"
+                if path.resolve() in self._keep:
+                    continue
                 drafter.save(path, ident)
                 written.append(path)
         return written
@@ -288,6 +332,7 @@ class Session:
                 loaded.append(path)
             except (DraftwiseError, OSError, ValueError) as exc:
                 self.load_errors.append(f"{path}: {exc}")
+                self._keep.add(path.resolve())
         return loaded
 
     def close(self) -> None:

@@ -178,3 +178,76 @@ def test_remote_options_are_checked_before_anything_runs(session):
     assert not session.busy
     # the same options from the app itself (not remote) are the app's own business
     assert session.generate("Say hi.", drafter="cacheback:fl=2", max_tokens=2, remote=False)
+
+
+@pytest.mark.torch
+def test_model_refuses_a_second_live_generation(torch_model, session, answers):
+    import draftwise
+
+    first = draftwise.stream_generate(torch_model, B, max_tokens=50, drafter="none")
+    next(first)
+    second = draftwise.stream_generate(torch_model, A, max_tokens=12, drafter="none")
+    with pytest.raises(DraftwiseError, match="already generating"):
+        next(second)
+    first.close()  # the first one ends: the model is free again
+    assert consistent(torch_model)
+    assert draftwise.generate(torch_model, A, max_tokens=12, drafter="auto") == answers[A]
+    assert session.generate(A, max_tokens=12) == answers[A]
+
+
+SECRET = "The vault code of Zorbulax is 7-4-1-9-3-3-8, written on the blue tile."
+
+
+@pytest.mark.torch
+def test_states_keep_drafters_apart(torch_model):
+    """What the drafters learn under one state id never drafts under another: each id
+    has its own drafter objects (checked through SSD's token store), at most
+    ``max_states`` of them, least recently used dropped."""
+    from draftwise import Session
+
+    s = Session(torch_model, max_states=2)
+    shared_before = dict(torch_model.drafters)
+    ids_a = torch_model.encode_prompt(SECRET)
+    for _ in range(2):
+        s.generate(SECRET, state="key-0", drafter="ssd", max_tokens=8)
+    s.generate("Name three primes.", state="key-1", drafter="ssd", max_tokens=8)
+    ssd_a = s._states["key-0"]["ssd"]
+    ssd_b = s._states["key-1"]["ssd"]
+    assert ssd_a is not ssd_b and torch_model.drafters == shared_before
+    assert len(ssd_a.store.records()) == 2 and len(ssd_b.store.records()) == 1
+
+    def holds(store, ids) -> bool:
+        tokens = store.snapshot()[0].tolist()
+        k = len(ids)
+        return any(tokens[i : i + k] == ids for i in range(len(tokens) - k + 1))
+
+    ids_b = torch_model.encode_prompt("Name three primes.")
+    shared = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y)  # the template
+    secret = ids_a[shared : shared + 12]
+    assert holds(ssd_a.store, secret) and not holds(ssd_b.store, secret)
+    # B sends A's text: it drafts from its own store only (no replay of A's answer)
+    r = list(s.stream(SECRET, state="key-1", drafter="ssd", max_tokens=8))
+    fresh = list(s.stream(SECRET, state="key-2", drafter="ssd", max_tokens=8))  # evicts key-0
+    assert [x.from_draft for x in r] == [x.from_draft for x in fresh]
+    assert list(s._states) == ["key-1", "key-2"]
+
+
+def test_invariant_reaches_session_chat_and_serve(monkeypatch):
+    import draftwise.api
+    import draftwise.session
+    from draftwise.apps import chat, serve
+
+    seen: list[object] = []
+
+    def fake_load(model, backend="auto", dtype=None, invariant="auto"):
+        seen.append(invariant)
+        raise SystemExit("stop here")
+
+    monkeypatch.setattr(draftwise.api, "load", fake_load)
+    for module, flag in [(chat, "--invariant"), (serve, "--no-invariant")]:
+        args = module.setup_arg_parser().parse_args([flag])
+        with pytest.raises(SystemExit):
+            module.main(args)
+    with pytest.raises(SystemExit):
+        draftwise.session.Session(invariant=True)
+    assert seen == [True, False, True]

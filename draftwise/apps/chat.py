@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -153,9 +152,11 @@ def main(args: argparse.Namespace) -> int:
     from draftwise.session import Session
 
     kwargs = sampling_kwargs(args)
-    session = Session(args.model, backend=args.backend, dtype=args.dtype, cache_dir=args.cache_dir)
-    for err in session.load_errors:
-        print(f"[drafter state not loaded: {err}]", file=sys.stderr)
+    session = Session(
+        args.model, backend=args.backend, dtype=args.dtype, cache_dir=args.cache_dir,
+        invariant=args.invariant,
+    )
+    session.check_loaded()  # a corrupt state file: refuse to start, leave it untouched
     session.model.drafter(args.drafter)  # the long-lived drafter of this chat
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages: list[dict[str, str]] = list(system)

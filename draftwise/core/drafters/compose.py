@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from draftwise.core.atomic import atomic_file
 from draftwise.core.drafters.base import Drafter
 from draftwise.core.tree import DraftTree, merge_trees
 from draftwise.errors import DraftwiseError
@@ -45,7 +46,8 @@ def save_members(members: Sequence[Drafter], path: str | os.PathLike[str], token
     for i, m in enumerate(members):
         if isinstance(m, Persistent):
             m.save(member_path(path, i, m), tokenizer_id)
-    Path(path).write_text("".join(f"{i} {m.name}\n" for i, m in enumerate(members)))
+    with atomic_file(path, "w") as f:  # a crash mid-save leaves the previous index whole
+        f.write("".join(f"{i} {m.name}\n" for i, m in enumerate(members)))
 
 
 def load_members(members: Sequence[Drafter], path: str | os.PathLike[str], tokenizer_id: str) -> None:
