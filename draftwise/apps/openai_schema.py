@@ -1,7 +1,10 @@
 """OpenAI wire format for ``draftwise serve``: request checks and response bodies.
 
-Plain dicts in, plain dicts out, no web framework here, so the rules are easy to test.
-A bad request raises ``ApiError``, which carries the HTTP status and the OpenAI error body.
+The request models (``openai_models``) check types and bounds; ``to_gen_request`` adds
+the rules that need the server's settings (its model name, drafter, budget cap) and
+``check_length`` those that need the prompt's length. No web framework here, so the
+rules are easy to test. A bad request raises ``ApiError``, which carries the HTTP status
+and the OpenAI error body.
 
 Example::
 
@@ -13,21 +16,28 @@ Example::
     ...     parse_request(b'{"prompt": "x", "max_tokens": 0}', "completion", {}, ["m"])
     ... except ApiError as exc:
     ...     print(exc.status, exc)
-    400 max_tokens must be an integer >= 1, got 0
+    400 max_tokens: Input should be greater than or equal to 1, got 0
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
+from draftwise.apps.openai_models import (
+    MAX_BUDGET,
+    ChatRequest,
+    CompletionRequest,
+    DraftwiseOptions,
+    validation_message,
+)
 from draftwise.drafting import check_spec
 from draftwise.errors import DraftwiseError
-from draftwise.session import MAX_REQUEST_BUDGET
 
 
 class ApiError(Exception):
@@ -40,8 +50,10 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers
         self.status, self.message, self.param, self.code, self.type = (
             status,
             message,
@@ -59,8 +71,22 @@ def error_body(
     type: str = "invalid_request_error",
     param: str | None = None,
     code: str | None = None,
+    id: str | None = None,
 ) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    """The OpenAI error object plus an ``id`` the server log names too."""
+    return {
+        "error": {
+            "message": message,
+            "type": type,
+            "param": param,
+            "code": code,
+            "id": id or new_error_id(),
+        }
+    }
+
+
+def new_error_id() -> str:
+    return "err-" + uuid.uuid4().hex[:16]
 
 
 @dataclass
@@ -75,169 +101,37 @@ class GenRequest:
     max_tokens: int = 256
     options: dict[str, Any] = field(default_factory=dict)  # for Session.stream
     stop: list[str] = field(default_factory=list)
+    explicit_max: bool = False  # max_tokens came from the request, not the server default
 
 
-def _number(
-    body: dict[str, Any], key: str, default: float, lo: float, hi: float | None = None
-) -> float:
-    value = body.get(key)
-    if value is None:
-        return default
-    bad = isinstance(value, bool) or not isinstance(value, (int, float))
-    if bad or value < lo or (hi is not None and value > hi):
-        limit = f">= {lo}" if hi is None else f"between {lo} and {hi}"
-        raise ApiError(400, f"{key} must be a number {limit}, got {value!r}", key, "invalid_value")
-    return float(value)
+def check_remote_drafter(
+    spec: str, server_drafter: str, max_budget: int, ready: Callable[[str], bool] | None
+) -> None:
+    """A request's drafter spec, checked as a network client's by the drafting layer:
+    registry names and remote-safe options only, ``budget=N`` at most ``max_budget``, and
+    no drafter whose asset (a bigram table, a cost profile) is not built yet: it would be
+    built inside the request. The server's own drafter, chosen by its operator, is fine."""
+    if spec == server_drafter:
+        return
+    try:
+        check_spec(spec, remote=True, max_budget=max_budget, ready=ready)
+    except DraftwiseError as exc:
+        raise ApiError(400, str(exc), "draftwise.drafter", "invalid_value") from None
 
 
-def _integer(
-    body: dict[str, Any], key: str, default: int | None, lo: int, name: str | None = None
-) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ApiError(
-            400,
-            f"{name or key} must be an integer >= {lo}, got {value!r}",
-            name or key,
-            "invalid_value",
-        )
-    return value
-
-
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(
-            400,
-            "messages must be a non-empty list of {role, content} objects",
-            "messages",
-            "missing_required_parameter" if messages is None else "invalid_type",
-        )
-    out = []
-    for i, m in enumerate(messages):
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        if (
-            not isinstance(m, dict)
-            or not isinstance(m.get("role"), str)
-            or not isinstance(content, str)
-        ):
-            raise ApiError(
-                400,
-                f"messages[{i}] needs a string 'role' and text 'content', got {m!r}",
-                f"messages[{i}]",
-                "invalid_type",
-            )
-        out.append({"role": m["role"], "content": content})
-    return out
-
-
-def _prompt(body: dict[str, Any]) -> str | list[int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, str) and prompt:
-        return prompt
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        return prompt
-    raise ApiError(
-        400,
-        "prompt must be a non-empty string or list of token ids (one prompt per request)",
-        "prompt",
-        "missing_required_parameter" if prompt is None else "invalid_type",
-    )
-
-
-def _stop(body: dict[str, Any]) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else stop
-    if (
-        not isinstance(stops, list)
-        or len(stops) > 4
-        or not all(isinstance(s, str) and s for s in stops)
-    ):
-        raise ApiError(
-            400,
-            f"stop must be a string or a list of up to 4 non-empty strings, got {stop!r}",
-            "stop",
-            "invalid_value",
-        )
-    return stops
-
-
-def _extension(
-    body: dict[str, Any], defaults: dict[str, Any], ready: Callable[[str], bool] | None
-) -> dict[str, Any]:
-    """The ``draftwise`` object: a drafter spec checked as a remote client's (registry
-    names and remote-safe options only, no asset built inside a request) and a bounded
-    budget."""
-    ext = body.get("draftwise") or {}
-    if not isinstance(ext, dict):
-        raise ApiError(
-            400,
-            f'draftwise must be an object like {{"drafter": "cacheback"}}, got {ext!r}',
-            "draftwise",
-            "invalid_type",
-        )
-    unknown = sorted(set(ext) - {"drafter", "budget"})
-    if unknown:
-        raise ApiError(
-            400,
-            f"unknown draftwise option {unknown[0]!r} (known: drafter, budget)",
-            f"draftwise.{unknown[0]}",
-            "invalid_value",
-        )
-    default = defaults.get("drafter", "auto")
-    drafter = ext.get("drafter", default)
-    if not isinstance(drafter, str):
-        raise ApiError(400, f"draftwise.drafter must be a string, got {drafter!r}",
-                       "draftwise.drafter", "invalid_type")
-    if drafter != default:  # the server's own drafter was chosen by its operator
-        try:
-            check_spec(drafter, remote=True, max_budget=MAX_REQUEST_BUDGET, ready=ready)
-        except DraftwiseError as exc:
-            raise ApiError(400, str(exc), "draftwise.drafter", "invalid_value") from None
-    budget = _integer(ext, "budget", defaults.get("budget", 16), 0, "draftwise.budget")
-    if budget is not None and budget > MAX_REQUEST_BUDGET:
-        raise ApiError(400, f"draftwise.budget must be <= {MAX_REQUEST_BUDGET}, got {budget}",
-                       "draftwise.budget", "invalid_value")
-    return {"drafter": drafter, "budget": budget}
-
-
-def parse_request(
-    raw: bytes, kind: str, defaults: dict[str, Any], model_ids: list[str],
+def to_gen_request(
+    body: ChatRequest | CompletionRequest,
+    defaults: dict[str, Any],
+    model_ids: list[str],
+    max_budget: int = MAX_BUDGET,
     ready: Callable[[str], bool] | None = None,
 ) -> GenRequest:
-    """Check a ``/v1/chat/completions`` (``kind="chat"``) or ``/v1/completions`` body.
-
-    ``defaults`` are the server's flags (``max_tokens``, ``temp``, ``top_p``, ``seed``,
-    ``drafter``, ``budget``, ...); the request overrides them. ``ready(asset)`` says
-    whether a drafter asset is built (``Model.assets.ready``): a drafter needing one that
-    is not is refused, never built inside a request.
-    """
-    try:
-        body = json.loads(raw or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(
-            400, f"the request body is not valid JSON: {exc}", None, "invalid_json"
-        ) from None
-    if not isinstance(body, dict):
-        raise ApiError(
-            400,
-            f"the request body must be a JSON object, got {type(body).__name__}",
-            None,
-            "invalid_json",
-        )
-    model = body.get("model") or model_ids[0]
+    """The checked request (``GenRequest``) for a validated body. ``defaults`` are the
+    server's flags (``max_tokens``, ``temp``, ``top_p``, ``seed``, ``drafter``,
+    ``budget``, ...); the request overrides them. ``ready(asset)`` says whether a drafter
+    asset is built (``Model.assets.ready``). Raises ``ApiError``."""
+    kind = "chat" if isinstance(body, ChatRequest) else "completion"
+    model = body.model or model_ids[0]
     if model not in model_ids:
         raise ApiError(
             404,
@@ -245,43 +139,92 @@ def parse_request(
             "model",
             "model_not_found",
         )
-    prompt: Any = _messages(body) if kind == "chat" else _prompt(body)
-    if body.get("n") not in (None, 1):
+    prompt: Any
+    if isinstance(body, ChatRequest):
+        prompt = [{"role": m.role, "content": m.text()} for m in body.messages]
+        asked = body.max_completion_tokens or body.max_tokens
+    else:
+        prompt = body.prompt[0] if isinstance(body.prompt[0], str) else body.prompt
+        asked = body.max_tokens
+    ext = body.draftwise or DraftwiseOptions()
+    server_drafter = str(defaults.get("drafter", "auto"))
+    drafter = ext.drafter or server_drafter
+    check_remote_drafter(drafter, server_drafter, max_budget, ready)
+    budget = ext.budget if ext.budget is not None else int(defaults.get("budget", 16))
+    if budget > max_budget:
         raise ApiError(
             400,
-            f"n must be 1 (one answer per request), got {body.get('n')!r}",
-            "n",
+            f"draftwise.budget must be <= {max_budget} on this server, got {budget}",
+            "draftwise.budget",
             "invalid_value",
         )
-    key = (
-        "max_completion_tokens"
-        if kind == "chat" and body.get("max_completion_tokens") is not None
-        else "max_tokens"
-    )
-    max_tokens = _integer(body, key, defaults.get("max_tokens", 256), 1)
-    seed = _integer(body, "seed", defaults.get("seed"), -(2**63))
+    seed = body.seed if body.seed is not None else defaults.get("seed")
     options = {
-        "temp": _number(body, "temperature", defaults.get("temp", 0.0), 0.0),
-        "top_p": _number(body, "top_p", defaults.get("top_p", 1.0), 0.0, 1.0),
+        "temp": body.temperature if body.temperature is not None else defaults.get("temp", 0.0),
+        "top_p": body.top_p if body.top_p is not None else defaults.get("top_p", 1.0),
         "top_k": defaults.get("top_k", 0),
         "min_p": defaults.get("min_p", 0.0),
         "repetition_penalty": defaults.get("repetition_penalty", 1.0),
         "seed": None if seed is None else seed % 2**63,
-        "max_tokens": max_tokens,
-        **_extension(body, defaults, ready),
+        "drafter": drafter,
+        "budget": budget,
     }
-    if options["top_p"] == 0.0:
-        raise ApiError(400, "top_p must be > 0, got 0", "top_p", "invalid_value")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(
-            400, f"stream must be true or false, got {stream!r}", "stream", "invalid_type"
-        )
-    usage_opt = body.get("stream_options") or {}
-    include_usage = bool(usage_opt.get("include_usage")) if isinstance(usage_opt, dict) else False
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return GenRequest(
-        kind, prompt, model, stream, include_usage, int(max_tokens or 1), options, _stop(body)
+        kind,
+        prompt,
+        model,
+        body.stream,
+        include_usage,
+        int(asked or defaults.get("max_tokens", 256)),
+        options,
+        stop,
+        explicit_max=asked is not None,
     )
+
+
+def parse_request(
+    raw: bytes,
+    kind: str,
+    defaults: dict[str, Any],
+    model_ids: list[str],
+    ready: Callable[[str], bool] | None = None,
+) -> GenRequest:
+    """Check a ``/v1/chat/completions`` (``kind="chat"``) or ``/v1/completions`` body
+    given as bytes (what the server does, without the web framework)."""
+    cls = ChatRequest if kind == "chat" else CompletionRequest
+    try:
+        body = cls.model_validate_json(raw or b"null")
+    except ValidationError as exc:
+        message, param, code = validation_message(exc.errors())
+        raise ApiError(400, message, param, code) from None
+    return to_gen_request(body, defaults, model_ids, ready=ready)
+
+
+def check_length(req: GenRequest, n_prompt: int, limit: int) -> int:
+    """``max_tokens`` for a prompt of ``n_prompt`` tokens in a context of ``limit``: an
+    explicit request over the room left is refused, the server's default is cut to fit."""
+    param = "messages" if req.kind == "chat" else "prompt"
+    if n_prompt >= limit:
+        raise ApiError(
+            400,
+            f"the prompt has {n_prompt} tokens; the context limit is {limit}",
+            param,
+            "context_length_exceeded",
+        )
+    room = limit - n_prompt
+    if req.max_tokens > room:
+        if req.explicit_max:
+            raise ApiError(
+                400,
+                f"max_tokens must be <= {room} (context {limit} - prompt {n_prompt}), "
+                f"got {req.max_tokens}",
+                "max_tokens",
+                "context_length_exceeded",
+            )
+        return room
+    return req.max_tokens
 
 
 # -- responses --------------------------------------------------------------------------
@@ -291,8 +234,10 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def usage(prompt_tokens: int, last: Any) -> dict[str, Any]:
-    """OpenAI usage plus a ``draftwise`` object with the speculation statistics."""
+def usage(prompt_tokens: int, last: Any, prefilled: int | None = None) -> dict[str, Any]:
+    """OpenAI usage plus a ``draftwise`` object with the speculation statistics and
+    ``prefill_tokens``: how many prompt tokens the model computed (the rest were reused
+    from its KV cache)."""
     done = last.generation_tokens if last is not None else 0
     return {
         "prompt_tokens": prompt_tokens,
@@ -302,6 +247,7 @@ def usage(prompt_tokens: int, last: Any) -> dict[str, Any]:
             "steps": last.steps if last is not None else 0,
             "mean_accepted": round(last.mean_accepted, 4) if last is not None else 0.0,
             "tokens_per_s": round(last.generation_tps, 3) if last is not None else 0.0,
+            "prefill_tokens": prefilled,
         },
     }
 

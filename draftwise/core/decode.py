@@ -59,6 +59,7 @@ class Decoder:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.cached: list[int] = []  # the tokens the backend's cache holds, in order
+        self.prefilled = 0  # prompt tokens the last generation computed (the rest reused)
 
     def reset(self) -> None:
         self.backend.reset()
@@ -70,6 +71,7 @@ class Decoder:
         if keep < self.backend.cache_len:
             self.backend.trim(keep)
         self.cached = self.cached[:keep]
+        self.prefilled = max(0, prompt.size - 1 - keep)
         if prompt.size - 1 > keep:
             self.backend.prefill(prompt[keep:-1])
         self.cached = prompt[:-1].tolist()

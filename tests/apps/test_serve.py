@@ -254,7 +254,7 @@ def test_bad_requests_get_openai_errors(server, path, body, status, param):
     r = httpx.post(f"{server}{path}", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == status, r.text
     err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert set(err) == {"message", "type", "param", "code", "id"} and err["message"]
     assert err["param"] == param
     assert httpx.get(f"{server}/health").json()["status"] == "ok"  # still serving
 
