@@ -6,10 +6,14 @@ greedy with small ``max_tokens`` so the run stays short on a CPU.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -38,56 +42,53 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-SERVER: dict[str, object] = {}  # the server's process and cache directory
+SERVER: dict[str, object] = {}  # the module server's process and cache directory
+
+
+@contextlib.contextmanager
+def running_server(model_dir, cache, *extra: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``draftwise serve`` on the real default model in a subprocess, building profiles and
+    tables under ``cache``; yields its URL and process."""
+    port = free_port()
+    log = tempfile.TemporaryFile("w+")  # a pipe nobody reads could fill and block it
+    cmd = [sys.executable, "-m", "draftwise", "serve", "--model", str(model_dir),
+           "--backend", "torch", "--dtype", "float32", "--port", str(port),
+           "--max-tokens", str(N), *extra]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+             "DRAFTWISE_CACHE_DIR": str(cache)},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                log.seek(0)
+                pytest.fail(f"server exited: {log.read()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("server did not start in 300 s")
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
 
 
 @pytest.fixture(scope="module")
 def server(default_model_dir, tmp_path_factory) -> Iterator[str]:
-    port = free_port()
     cache = tmp_path_factory.mktemp("serve-cache")  # profiles and tables this server builds
-    SERVER.update(cache=cache)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "draftwise",
-            "serve",
-            "--model",
-            str(default_model_dir),
-            "--backend",
-            "torch",
-            "--dtype",
-            "float32",
-            "--port",
-            str(port),
-            "--max-tokens",
-            str(N),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "DRAFTWISE_CACHE_DIR": str(cache)},
-    )
-    SERVER.update(proc=proc)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited: {proc.stdout.read() if proc.stdout else ''}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("server did not start in 300 s")
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with running_server(default_model_dir, cache) as (url, proc):
+        SERVER.update(proc=proc, cache=cache)
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +163,7 @@ def test_stream_equals_non_stream_and_stop(client, model_id, reference):
     assert r.choices[0].finish_reason == "stop"
 
 
-def kill_mid_stream(server: str, model_id: str) -> int:
+def kill_mid_stream(server: str, model_id: str | None) -> int:
     """Open a long streamed answer, read a few chunks, drop the connection."""
     body = {
         "model": model_id,
@@ -182,30 +183,110 @@ def kill_mid_stream(server: str, model_id: str) -> int:
     return got
 
 
-def test_concurrent_clients_and_a_dropped_stream(server, client, model_id, reference):
-    results: list[tuple[str, str]] = []
+def timed_stream(server: str, prompt: str, drafter: str) -> tuple[str, float, int]:
+    """One greedy streamed answer: (text, seconds to the first text, tokens)."""
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": N,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "draftwise": {"drafter": drafter},
+    }
+    parts, first, tokens, t0 = [], None, 0, time.perf_counter()
+    with (
+        httpx.Client(timeout=600) as c,
+        c.stream("POST", f"{server}/v1/chat/completions", json=body) as r,
+    ):
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            obj = json.loads(line[6:])
+            assert "error" not in obj, obj
+            if obj.get("usage"):
+                tokens = obj["usage"]["completion_tokens"]
+            for ch in obj["choices"]:
+                text = ch["delta"].get("content") or ""
+                if text and first is None:
+                    first = time.perf_counter() - t0
+                parts.append(text)
+    return "".join(parts), first if first is not None else float("nan"), tokens
+
+
+def drop_while_queued(server: str) -> None:
+    """Open a stream that has to wait, read its first chunk, leave."""
+    body = {"stream": True, "max_tokens": N, "messages": [{"role": "user", "content": "Hi"}]}
+    with (
+        httpx.Client(timeout=600) as c,
+        c.stream("POST", f"{server}/v1/chat/completions", json=body) as r,
+    ):
+        next(r.iter_lines())
+
+
+def test_load_8_streaming_clients_x_5(server, reference):
+    """8 clients x 5 greedy streamed requests at once, plus one client killed mid-stream
+    and one killed while queued: every answer equals the single-client answer."""
+    results: list[tuple[str, str, float, int]] = []
     errors: list[BaseException] = []
 
     def worker(i: int) -> None:
         try:
-            c = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0, timeout=600)
             for j in range(5):
                 p = PROMPTS[(i + j) % len(PROMPTS)]
                 drafter = "none" if (i + j) % 3 == 0 else "cacheback"
-                results.append((p, ask(c, model_id, p, stream=(i + j) % 2 == 0, drafter=drafter)))
+                text, ttft, tokens = timed_stream(server, p, drafter)
+                results.append((p, text, ttft, tokens))
         except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    killer = threading.Thread(target=lambda: kill_mid_stream(server, model_id))
-    for t in threads[:4] + [killer] + threads[4:]:
+    threads.append(threading.Thread(target=kill_mid_stream, args=(server, None)))
+    threads.append(threading.Thread(target=drop_while_queued, args=(server,)))
+    t0 = time.perf_counter()
+    for t in threads:
         t.start()
-    for t in threads + [killer]:
+    for t in threads:
         t.join(timeout=900)
+    wall = time.perf_counter() - t0
     assert not errors, errors
     assert len(results) == 40
-    for p, text in results:
+    for p, text, _, _ in results:
         assert text == reference[p], p
+    ttft = sorted(r[2] for r in results)
+    p99 = ttft[min(len(ttft) - 1, round(0.99 * (len(ttft) - 1)))]
+    tokens = sum(r[3] for r in results)
+    print(
+        f"\nload: 40 streamed requests from 8 clients in {wall:.1f} s; time to first token "
+        f"p50 {statistics.median(ttft):.2f} s, p99 {p99:.2f} s; {tokens} tokens, "
+        f"{tokens / wall:.1f} tok/s overall"
+    )
+    assert httpx.get(f"{server}/health").json()["waiting"] == 0
+
+
+def test_low_queue_limit_sheds_load_and_stays_healthy(server, default_model_dir, reference):
+    cache = SERVER["cache"]  # the module server's: its cost profile is built already
+    with running_server(default_model_dir, cache, "--max-queue", "1") as (url, _):
+        got: list[int] = []
+
+        def one(i: int) -> None:
+            body = {"max_tokens": N, "messages": [{"role": "user", "content": PROMPTS[i % 4]}]}
+            r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
+            if r.status_code == 503:
+                assert int(r.headers["Retry-After"]) >= 1
+            got.append(r.status_code)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        assert got.count(503) >= 4 and got.count(200) >= 2 and set(got) == {200, 503}, got
+        assert httpx.get(f"{url}/health").json() | {"busy": False} == {
+            "status": "ok", "model": "SmolLM2-135M-Instruct", "busy": False, "waiting": 0
+        }  # fmt: skip
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+        assert ask(c, "SmolLM2-135M-Instruct", PROMPTS[1], stream=True) == reference[PROMPTS[1]]
 
 
 def test_dropped_stream_frees_the_model(server, client, model_id, reference):
@@ -308,3 +389,24 @@ def test_drafter_options_from_a_client_are_bounded(server, ext, words):
     assert files_under(cache) == before_files
     assert rss_kb(proc.pid) - before_rss < 64 * 1024  # kB: no 3.5 GB suffix array
     assert httpx.get(f"{server}/health").json()["status"] == "ok"
+
+
+def test_multi_turn_chat_prefills_only_the_new_turn(client, model_id):
+    """The next turn of a conversation reuses the KV cache of the previous turn (its
+    prompt and its answer): only the new user message is prefilled."""
+    msgs = [{"role": "user", "content": PROMPTS[2]}]
+    r1 = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=N, temperature=0)
+    msgs += [
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": "Now write one about trees, please."},
+    ]
+    r2 = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=N, temperature=0)
+    p1, p2 = r1.usage.prompt_tokens, r2.usage.prompt_tokens
+    done1 = r1.usage.completion_tokens
+    pre1 = r1.usage.model_extra["draftwise"]["prefill_tokens"]
+    pre2 = r2.usage.model_extra["draftwise"]["prefill_tokens"]
+    new = p2 - p1 - done1  # the new turn's tokens (template included)
+    print(f"\nprefill: turn 1 {pre1} of {p1} prompt tokens; turn 2 {pre2} of {p2} ({new} new)")
+    # + the answer's last token (emitted, never computed) and a few where the template's
+    # end-of-turn re-tokenizes the answer's end differently
+    assert pre2 <= new + 4 and pre2 < p2 // 2
