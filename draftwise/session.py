@@ -115,7 +115,9 @@ class Session:
     ``stream(..., state="id")`` drafts with drafters that only that id's generations
     taught (a server gives each API key its own); at most ``max_states`` such sets are
     kept, the least recently used dropped. Without ``state`` the drafters are shared and
-    their state is what ``save`` writes.
+    their state is what ``save`` writes. ``keep_prefixes=N`` keeps copies of finished
+    generations' KV caches (N tokens in all, per ``state``; see ``core/prefixes.py``), so
+    a conversation's next turn prefills only what is new even after other requests.
 
     Example::
 
@@ -132,6 +134,7 @@ class Session:
         cache_dir: str | os.PathLike[str] | None = None,
         invariant: bool | str = "auto",
         max_states: int = 8,
+        keep_prefixes: int = 0,
         **defaults: Any,
     ) -> None:
         from draftwise.api import Model, load
@@ -143,6 +146,10 @@ class Session:
         if max_states < 1:
             raise DraftwiseError(f"max_states must be >= 1, got {max_states}")
         self.max_states = max_states
+        if keep_prefixes:
+            from draftwise.core.prefixes import Prefixes
+
+            self.model.decoder.prefixes = Prefixes(keep_prefixes)
         self._states: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.defaults: dict[str, Any] = {"drafter": "auto", **defaults}
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
@@ -214,6 +221,7 @@ class Session:
             shared = self.model.drafters
             if state is not None:  # one generation at a time: swapping is safe here
                 self.model.drafters = self._drafters_of(state)
+            self.model.decoder.prefix_key = state
             inner = cast(
                 "Generator[GenerationResponse, None, None]",
                 stream_generate(self.model, prompt, **opts),

@@ -5,8 +5,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from draftwise.core.decode import common_prefix
 from draftwise.core.drafters import NoDrafter
 from draftwise.errors import DraftwiseError
 from draftwise.session import CancelToken, Persistent, StopText
@@ -222,7 +224,7 @@ def test_states_keep_drafters_apart(torch_model):
         return any(tokens[i : i + k] == ids for i in range(len(tokens) - k + 1))
 
     ids_b = torch_model.encode_prompt("Name three primes.")
-    shared = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y)  # the template
+    shared = common_prefix(ids_a, np.asarray(ids_b))  # the chat template's system part
     secret = ids_a[shared : shared + 12]
     assert holds(ssd_a.store, secret) and not holds(ssd_b.store, secret)
     # B sends A's text: it drafts from its own store only (no replay of A's answer)
@@ -251,3 +253,33 @@ def test_invariant_reaches_session_chat_and_serve(monkeypatch):
     with pytest.raises(SystemExit):
         draftwise.session.Session(invariant=True)
     assert seen == [True, False, True]
+
+
+@pytest.mark.torch
+def test_saved_prefixes_survive_interleaved_requests(torch_model):
+    """With saved prefixes, a conversation's next turn prefills only the new turn even
+    after another key's request replaced the live cache; another key never reuses it;
+    the answers equal those decoded from an empty cache."""
+    from draftwise import Session
+
+    dec = torch_model.decoder
+    s = Session(torch_model, keep_prefixes=4096)
+    try:
+        turn1 = [{"role": "user", "content": A}]
+        ans1 = s.generate(turn1, state="k0", max_tokens=8, drafter="none")
+        s.generate(B, state="k1", max_tokens=8, drafter="none")  # the live cache is now B's
+        turn2 = turn1 + [
+            {"role": "assistant", "content": ans1},
+            {"role": "user", "content": "And two more?"},
+        ]
+        n1, n2 = len(torch_model.encode_prompt(turn1)), len(torch_model.encode_prompt(turn2))
+        got = s.generate(turn2, state="k0", max_tokens=8, drafter="none")
+        assert dec.prefilled <= n2 - n1 - 8 + 4  # the new turn (+ the answer's last token)
+        other = s.generate(turn2, state="k1", max_tokens=8, drafter="none")
+        ids_b, ids2 = torch_model.encode_prompt(B), torch_model.encode_prompt(turn2)
+        own = common_prefix(ids_b, np.asarray(ids2))  # the chat template's system part
+        assert dec.prefilled == n2 - 1 - own  # k1 reuses its own B prompt, not k0's turns
+    finally:
+        dec.prefixes, dec.prefix_key = None, None
+    dec.reset()
+    assert got == other == s.generate(turn2, max_tokens=8, drafter="none")

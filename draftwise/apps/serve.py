@@ -110,6 +110,13 @@ def setup_arg_parser(p: argparse.ArgumentParser | None = None) -> argparse.Argum
         "each key gets its own drafter state",
     )
     p.add_argument(
+        "--prefix-cache",
+        type=int,
+        default=4096,
+        help="tokens of finished requests' KV cache kept (per key) so a chat's next turn "
+        "prefills only what is new; 0 = off (default: 4096)",
+    )
+    p.add_argument(
         "--max-keys",
         type=int,
         default=8,
@@ -324,6 +331,8 @@ def main(args: argparse.Namespace) -> int:
         ) from None
     from draftwise.session import Session
 
+    if args.prefix_cache < 0:
+        raise DraftwiseError(f"--prefix-cache must be >= 0, got {args.prefix_cache}")
     if not 0 <= args.port < 65536:
         raise DraftwiseError(f"--port must be between 0 and 65535, got {args.port}")
     if not cfg.api_keys and not is_loopback(args.host):
@@ -340,6 +349,7 @@ def main(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         invariant=args.invariant,
         max_states=cfg.max_keys,
+        keep_prefixes=args.prefix_cache,
     )
     session.check_loaded()  # a corrupt state file: refuse to start, leave it untouched
     session.model.drafter(args.drafter)

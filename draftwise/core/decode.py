@@ -27,6 +27,7 @@ from draftwise.core.acceptance import accept, accept_greedy
 from draftwise.core.backend import Backend
 from draftwise.core.batch import BatchDrafter, BatchVerifier, accept_batch, check_drafts
 from draftwise.core.drafters.base import Drafter
+from draftwise.core.prefixes import Prefixes, Snapshots
 from draftwise.core.sampling import SamplingParams, next_token
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
@@ -60,6 +61,11 @@ class Decoder:
         self.backend = backend
         self.cached: list[int] = []  # the tokens the backend's cache holds, in order
         self.prefilled = 0  # prompt tokens the last generation computed (the rest reused)
+        # Saved cache prefixes (off unless set; see core/prefixes.py), looked up under
+        # ``prefix_key``; with a store, another key's live cache is never reused either.
+        self.prefixes: Prefixes | None = None
+        self.prefix_key: object = None
+        self._owner: object = None  # the key whose generation filled the live cache
 
     def reset(self) -> None:
         self.backend.reset()
@@ -68,6 +74,14 @@ class Decoder:
     def _prefill(self, prompt: np.ndarray) -> None:
         """Bring the cache to ``prompt[:-1]``, reusing the longest cached prefix."""
         keep = common_prefix(self.cached, prompt[:-1])
+        if self.prefixes is not None and isinstance(self.backend, Snapshots):
+            if self._owner != self.prefix_key:
+                keep = 0
+            n, snapshot = self.prefixes.best(self.prefix_key, prompt[:-1])
+            if n > keep:
+                self.backend.load_prefix(snapshot, n)
+                self.cached, keep = prompt[:n].tolist(), n
+            self._owner = self.prefix_key
         if keep < self.backend.cache_len:
             self.backend.trim(keep)
         self.cached = self.cached[:keep]
@@ -153,6 +167,8 @@ class Decoder:
             keep = min(self.backend.cache_len, n - 1)
             self.backend.trim(keep)
             self.cached = seq[:keep].tolist()
+            if self.prefixes is not None and isinstance(self.backend, Snapshots) and keep:
+                self.prefixes.put(self.prefix_key, self.cached, self.backend.save_prefix(keep))
 
     def _use_batch(self, drafter: Drafter, params: SamplingParams) -> bool:
         """The batched path: greedy decoding, a drafter with a (k, w) matrix, a backend

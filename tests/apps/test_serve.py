@@ -393,9 +393,11 @@ def test_drafter_options_from_a_client_are_bounded(server, ext, words):
 
 def test_multi_turn_chat_prefills_only_the_new_turn(client, model_id):
     """The next turn of a conversation reuses the KV cache of the previous turn (its
-    prompt and its answer): only the new user message is prefilled."""
+    prompt and its answer), saved although another request ran in between: only the new
+    user message is prefilled."""
     msgs = [{"role": "user", "content": PROMPTS[2]}]
     r1 = client.chat.completions.create(model=model_id, messages=msgs, max_tokens=N, temperature=0)
+    ask(client, model_id, PROMPTS[3], stream=False)  # another client's request in between
     msgs += [
         {"role": "assistant", "content": r1.choices[0].message.content},
         {"role": "user", "content": "Now write one about trees, please."},

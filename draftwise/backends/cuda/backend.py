@@ -106,6 +106,22 @@ class TorchBackend(CacheBook, BatchMixin):
         model = Llama(cfg, read_weights(Path(model_dir)), DTYPES[dtype], dev, limit)
         return cls(model, limit, inv)
 
+    # ----- saved prefixes (core/prefixes.py) ------------------------------------------
+    def save_prefix(self, n: int) -> torch.Tensor:
+        """A copy of the first ``n`` cached tokens' K/V: (L, 2, H_kv, n, D)."""
+        if not 0 < n <= self._len:
+            raise DraftwiseError(f"cannot save {n} tokens of a cache holding {self._len}")
+        with torch.inference_mode():
+            return self.model.cache[:, :, :, :n].clone()
+
+    def load_prefix(self, snapshot: torch.Tensor, n: int) -> None:
+        """Make the cache hold the first ``n`` tokens saved in ``snapshot``."""
+        if not 0 < n <= snapshot.shape[3]:
+            raise DraftwiseError(f"cannot load {n} tokens of a saved prefix of {snapshot.shape[3]}")
+        with torch.inference_mode():
+            self.model.cache[:, :, :, :n].copy_(snapshot[:, :, :, :n])
+        self._len, self._pending = n, 0
+
     # ----- forward passes --------------------------------------------------------------
     def prefill(self, tokens: np.ndarray) -> None:
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
