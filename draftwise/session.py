@@ -36,6 +36,7 @@ MAX_REQUEST_BUDGET = 64  # draft tree nodes a client's request may ask for
 
 if TYPE_CHECKING:  # the API imports torch-side modules; load it only when a Session is made
     from draftwise.api import GenerationResponse, Model, Prompt
+    from draftwise.core.drafters import Drafter
 
 
 class CancelToken:
@@ -150,7 +151,7 @@ class Session:
             from draftwise.core.prefixes import Prefixes
 
             self.model.decoder.prefixes = Prefixes(keep_prefixes)
-        self._states: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._states: OrderedDict[str, OrderedDict[str, Drafter]] = OrderedDict()
         self.defaults: dict[str, Any] = {"drafter": "auto", **defaults}
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self._lock = threading.Lock()
@@ -193,7 +194,7 @@ class Session:
         token = cancel or CancelToken()
         return self._run(prompt, token, on_token, stops, opts, state)
 
-    def _drafters_of(self, state: str) -> dict[str, Any]:
+    def _drafters_of(self, state: str) -> OrderedDict[str, Drafter]:
         """The drafters of ``state`` (made empty on first use), now most recently used."""
         drafters = self._states.pop(state, None)
         if drafters is None:

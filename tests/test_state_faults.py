@@ -40,19 +40,14 @@ while True:
 """
 
 
-class _Stub:
-    """A backend stand-in: saving and loading drafter state never touches the model."""
-
-    context_limit = 2048
-    cache_len = 0
-
-
 def make_session(cache_dir: Path, model_dir: Path):  # type: ignore[no-untyped-def]
     from draftwise.api import Model
     from draftwise.models.tokenizer import Tokenizer
     from draftwise.session import Session
 
-    model = Model(_Stub(), Tokenizer.from_dir(model_dir), model_dir)  # type: ignore[arg-type]
+    from tests.fakes import FakeBackend  # saving and loading never touch the model
+
+    model = Model(FakeBackend(), Tokenizer.from_dir(model_dir), model_dir, progress=None)
     for name in DRAFTERS:
         model.drafter(name)
     return Session(model, cache_dir=cache_dir)

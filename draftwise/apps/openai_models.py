@@ -158,6 +158,9 @@ def validation_message(errors: Sequence[Any]) -> tuple[str, str | None, str]:
     if not errs:
         return "invalid request", None, "invalid_value"
     e = errs[0]
+    # a union (stop: text or list) reports every branch; a type mismatch names the wrong one
+    same = [x for x in errs if _where(x.get("loc", ())) == _where(e.get("loc", ()))]
+    e = next((x for x in same if not str(x.get("type")).endswith("_type")), e)
     if e.get("type") == "json_invalid":
         return "the request body is not valid JSON", None, "invalid_json"
     where = _where(e.get("loc", ()))
@@ -167,4 +170,28 @@ def validation_message(errors: Sequence[Any]) -> tuple[str, str | None, str]:
         return f"{where} is required", where or None, "missing_required_parameter"
     if not where:
         return f"the request body must be a JSON object: {e.get('msg', '')}", None, "invalid_json"
-    return f"{where}: {e.get('msg', 'invalid value')}, got {shown}", where, "invalid_value"
+    rule = _RULES.get(str(e.get("type")))
+    ctx = e.get("ctx") or {}
+    try:
+        said = rule.format(**ctx) if rule else f": {e.get('msg', 'invalid value')},"
+    except (KeyError, IndexError):
+        said = f": {e.get('msg', 'invalid value')},"
+    return f"{where}{said} got {shown}", where, "invalid_value"
+
+
+_RULES = {  # pydantic error type -> what the client reads after the field name
+    "less_than_equal": " must be <= {le},",
+    "less_than": " must be < {lt},",
+    "greater_than_equal": " must be >= {ge},",
+    "greater_than": " must be > {gt},",
+    "int_type": " must be an integer,",
+    "float_type": " must be a number,",
+    "string_type": " must be a string,",
+    "bool_type": " must be true or false,",
+    "list_type": " must be a list,",
+    "literal_error": " must be {expected},",
+    "string_too_short": " must have at least {min_length} characters,",
+    "string_too_long": " must have at most {max_length} characters,",
+    "too_short": " must have at least {min_length} items,",
+    "too_long": " must have at most {max_length} items,",
+}

@@ -16,7 +16,7 @@ Example::
     ...     parse_request(b'{"prompt": "x", "max_tokens": 0}', "completion", {}, ["m"])
     ... except ApiError as exc:
     ...     print(exc.status, exc)
-    400 max_tokens: Input should be greater than or equal to 1, got 0
+    400 max_tokens must be >= 1, got 0
 """
 
 from __future__ import annotations

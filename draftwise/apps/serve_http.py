@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import uuid
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,7 +93,7 @@ def is_loopback(host: str) -> bool:
 
 class BodyLimit:
     """ASGI middleware: a request body over ``max_bytes`` gets 413 before it is read
-    (by its Content-Length) or while it is read (a chunked body)."""
+    (by its Content-Length) or as soon as it grows past the cap (a chunked body)."""
 
     def __init__(self, app: Any, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -109,18 +110,32 @@ class BodyLimit:
         if too_big:
             await self._refuse(send)
             return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
+        chunks, seen = [], 0  # read it all here (at most max_bytes), then hand it on
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise DraftwiseError("request body too large")
-            return message
+            if message["type"] != "http.request":  # the client left before sending it all
+                return
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            if seen > self.max_bytes:
+                await self._refuse(send)
+                return
+            if not message.get("more_body"):
+                break
+        body: Message | None = {
+            "type": "http.request",
+            "body": b"".join(chunks),
+            "more_body": False,
+        }
 
-        await self.app(scope, counted, send)
+        async def replay() -> Message:
+            nonlocal body
+            if body is not None:
+                message, body = body, None
+                return message
+            return await receive()  # then wait for the disconnect, as the server would
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, send: Send) -> None:
         body = json.dumps(
@@ -130,7 +145,7 @@ class BodyLimit:
                     "type": "invalid_request_error",
                     "param": None,
                     "code": "request_too_large",
-                    "id": None,
+                    "id": "err-" + uuid.uuid4().hex[:16],
                 }
             }
         ).encode()

@@ -88,6 +88,14 @@ def test_body_size_cap_and_bad_json(url):
     big = {"messages": [{"role": "user", "content": "x" * 5000}]}
     r = post(url, big)
     assert r.status_code == 413 and "4096" in r.json()["error"]["message"]
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: the cap applies while reading
+        yield b'{"messages": [{"role": "user", "content": "'
+        yield from [b"x" * 1000] * 10
+        yield b'"}]}'
+
+    r = httpx.post(f"{url}/v1/chat/completions", content=chunked(), timeout=10)
+    assert r.status_code == 413 and r.json()["error"]["id"]
     r = httpx.post(
         f"{url}/v1/chat/completions",
         content=b"{not json",
