@@ -264,29 +264,65 @@ def test_load_8_streaming_clients_x_5(server, reference):
     assert httpx.get(f"{server}/health").json()["waiting"] == 0
 
 
-def test_low_queue_limit_sheds_load_and_stays_healthy(server, default_model_dir, reference):
-    cache = SERVER["cache"]  # the module server's: its cost profile is built already
-    with running_server(default_model_dir, cache, "--max-queue", "1") as (url, _):
-        got: list[int] = []
+KEY_A, KEY_B = "alpha-key-0001", "beta-key-00002"
 
-        def one(i: int) -> None:
-            body = {"max_tokens": N, "messages": [{"role": "user", "content": PROMPTS[i % 4]}]}
-            r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
-            if r.status_code == 503:
-                assert int(r.headers["Retry-After"]) >= 1
-            got.append(r.status_code)
 
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=600)
-        assert got.count(503) >= 4 and got.count(200) >= 2 and set(got) == {200, 503}, got
-        assert httpx.get(f"{url}/health").json() | {"busy": False} == {
-            "status": "ok", "model": "SmolLM2-135M-Instruct", "busy": False, "waiting": 0
-        }  # fmt: skip
-        c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
-        assert ask(c, "SmolLM2-135M-Instruct", PROMPTS[1], stream=True) == reference[PROMPTS[1]]
+@pytest.fixture(scope="module")
+def keyed_server(server, default_model_dir) -> Iterator[str]:
+    """A second server: one request may wait, two API keys, SSD drafting."""
+    extra = ["--max-queue", "1", "--api-key", KEY_A, "--api-key", KEY_B, "--drafter", "ssd"]
+    with running_server(default_model_dir, SERVER["cache"], *extra) as (url, _):
+        yield url
+
+
+SECRET = "The vault code of Zorbulax is 7-4-1-9-3-3-8, written on the blue tile by the door."
+
+
+def test_keys_do_not_share_what_drafters_learn(keyed_server):
+    """SSD replays an exact repeat: key A's second identical request is drafted from A's
+    first answer. Key B sending the same text drafts nothing learnt from A: its drafting
+    statistics equal A's first request's (both keys' first requests on this server)."""
+    def stats(key: str) -> dict:
+        body = {"max_tokens": 24, "temperature": 0,
+                "messages": [{"role": "user", "content": SECRET}]}  # fmt: skip
+        r = httpx.post(f"{keyed_server}/v1/chat/completions", json=body, timeout=600,
+                       headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["draftwise"] | {"text": r.json()["choices"][0]["message"]}
+
+    a1, a2, b1 = stats(KEY_A), stats(KEY_A), stats(KEY_B)
+    print(f"\nmean accepted: A first {a1['mean_accepted']}, A again {a2['mean_accepted']}, "
+          f"B (same text) {b1['mean_accepted']}")  # fmt: skip
+    assert a1["text"] == a2["text"] == b1["text"]
+    assert a2["steps"] < a1["steps"]  # A's repeat was replayed from A's own store
+    assert (b1["steps"], b1["mean_accepted"]) == (a1["steps"], a1["mean_accepted"])
+
+
+def test_low_queue_limit_sheds_load_and_stays_healthy(keyed_server, reference):
+    url, auth = keyed_server, {"Authorization": f"Bearer {KEY_A}"}
+    got: list[int] = []
+
+    def one(i: int) -> None:
+        body = {"max_tokens": N, "messages": [{"role": "user", "content": PROMPTS[i % 4]}]}
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth, timeout=600)
+        if r.status_code == 503:
+            assert int(r.headers["Retry-After"]) >= 1
+        got.append(r.status_code)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert got.count(503) >= 4 and got.count(200) >= 2 and set(got) == {200, 503}, got
+    assert httpx.get(f"{url}/health").json() | {"busy": False} == {
+        "status": "ok", "model": "SmolLM2-135M-Instruct", "busy": False, "waiting": 0
+    }  # fmt: skip
+    c = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY_A, max_retries=0, timeout=600)
+    assert ask(c, "SmolLM2-135M-Instruct", PROMPTS[1], stream=True) == reference[PROMPTS[1]]
+    with pytest.raises(openai.AuthenticationError):
+        ask(openai.OpenAI(base_url=f"{url}/v1", api_key="wrong-key-0", max_retries=0),
+            "SmolLM2-135M-Instruct", PROMPTS[1], stream=False)  # fmt: skip
 
 
 def test_dropped_stream_frees_the_model(server, client, model_id, reference):
