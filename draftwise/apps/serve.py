@@ -2,8 +2,9 @@
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both with
 ``"stream": true`` for server-sent events), ``GET /v1/models``, ``GET /health``. A
-request may carry ``"draftwise": {"drafter": "none" | "cacheback", "budget": 16}``; the
-``usage`` object adds ``draftwise: {steps, mean_accepted, tokens_per_s}``.
+request may carry ``"draftwise": {"drafter": "cacheback", "budget": 16}`` (a spec the
+drafting layer accepts from a remote client); the ``usage`` object adds
+``draftwise: {steps, mean_accepted, tokens_per_s, prefill_tokens}``.
 
 Requests are checked against Pydantic models (``openai_models``: bounds on every
 number, unsupported fields refused with a 400 naming them, a body-size cap), then wait in
@@ -151,7 +152,7 @@ def create_app(
     thread starts now; the app's shutdown stops it."""
     from contextlib import asynccontextmanager
 
-    from fastapi import FastAPI, Request
+    from fastapi import Depends, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, StreamingResponse
     from starlette.exceptions import HTTPException
@@ -192,7 +193,9 @@ def create_app(
         return JSONResponse(body, status_code=status)
 
     def state_of(request: Request) -> str | None:
-        """The drafter-state id of the request's key (None: no keys, one shared state)."""
+        """The drafter-state id of the request's key (None: no keys, one shared state).
+        A dependency of every endpoint, so it runs before the body is validated: a client
+        without a key learns nothing about what the server accepts."""
         if not keys.required:
             return None
         state = keys.state_of(request.headers.get("authorization"))
@@ -210,9 +213,8 @@ def create_app(
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": model_id, "busy": worker.busy, "waiting": worker.waiting}
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        state_of(request)
+    @app.get("/v1/models", dependencies=[Depends(state_of)])
+    async def models() -> dict[str, Any]:
         return {
             "object": "list",
             "data": [
@@ -229,8 +231,9 @@ def create_app(
         req.max_tokens = check_length(req, len(ids), limit)
         return ids
 
-    async def run(request: Request, body: ChatRequest | CompletionRequest) -> Any:
-        state = state_of(request)
+    async def run(
+        request: Request, body: ChatRequest | CompletionRequest, state: str | None
+    ) -> Any:
         ready = session.model.assets.ready
         req = to_gen_request(body, defaults, [model_id], cfg.max_budget, ready)
         ids = await asyncio.to_thread(encode, req)
@@ -296,12 +299,16 @@ def create_app(
             worker.discard(job)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request) -> Any:
-        return await run(request, body)
+    async def chat_completions(
+        body: ChatRequest, request: Request, state: str | None = Depends(state_of)
+    ) -> Any:
+        return await run(request, body, state)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Any:
-        return await run(request, body)
+    async def completions(
+        body: CompletionRequest, request: Request, state: str | None = Depends(state_of)
+    ) -> Any:
+        return await run(request, body, state)
 
     return app
 

@@ -244,6 +244,7 @@ def test_api_keys_required_and_state_per_key():
         wrong = post(u, {"messages": MSG}, headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
         assert httpx.get(f"{u}/v1/models").status_code == 401
+        assert post(u, {"tools": 1}).status_code == 401  # the key is checked before the body
         for key in ["beta-key-22", "alpha-key-1"]:
             r = post(u, {"messages": MSG}, headers={"Authorization": f"Bearer {key}"})
             assert r.status_code == 200
