@@ -252,6 +252,8 @@ def create_app(
                 "server_error",
                 headers={"Retry-After": str(exc.retry_after)},
             ) from None
+        except DraftwiseError as exc:  # shutting down
+            raise ApiError(503, str(exc), None, "server_busy", "server_error") from None
         rid, created = new_id(req.kind), int(time.time())
         if req.stream:
             return StreamingResponse(

@@ -251,3 +251,34 @@ def test_api_keys_required_and_state_per_key():
     assert [s["state"] for s in session.started] == ["key-1", "key-0"]
     with serve(FakeSession()) as u:  # no keys: no state id, one shared state
         assert post(u, {"messages": MSG}).status_code == 200
+
+
+def test_key_checks_and_loopback():
+    from draftwise.apps.serve_http import ApiKeys, is_loopback
+
+    keys = ApiKeys(["alpha-key-1", "beta-key-22"])
+    assert keys.state_of("Bearer beta-key-22") == "key-1"
+    assert keys.state_of("bearer alpha-key-1") == "key-0"
+    for bad in [None, "", "Bearer", "Bearer alpha-key", "Basic alpha-key-1", "alpha-key-1"]:
+        assert keys.state_of(bad) is None
+    assert not ApiKeys([]).required and ApiKeys([]).state_of("Bearer x") is None
+    assert [is_loopback(h) for h in ["127.0.0.1", "::1", "localhost", "0.0.0.0", "10.1.2.3"]] == [
+        True, True, True, False, False
+    ]  # fmt: skip
+
+
+def test_non_loopback_bind_without_a_key_warns(monkeypatch, capsys):
+    import draftwise.session
+    from draftwise.apps import serve
+
+    def stop(*args: Any, **kwargs: Any) -> None:
+        raise SystemExit("stop before loading a model")
+
+    monkeypatch.setattr(draftwise.session, "Session", stop)
+    for argv, warned in [(["--host", "0.0.0.0"], True), (["--host", "0.0.0.0", "--api-key",
+                         "alpha-key-1"], False), ([], False)]:  # fmt: skip
+        with pytest.raises(SystemExit):
+            serve.main(serve.setup_arg_parser().parse_args(argv))
+        assert ("WARNING" in capsys.readouterr().err) == warned
+    with pytest.raises(Exception, match="--api-key must be at least 8"):
+        serve.main(serve.setup_arg_parser().parse_args(["--api-key", "short"]))
