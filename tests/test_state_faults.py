@@ -44,7 +44,6 @@ def make_session(cache_dir: Path, model_dir: Path):  # type: ignore[no-untyped-d
     from draftwise.api import Model
     from draftwise.models.tokenizer import Tokenizer
     from draftwise.session import Session
-
     from tests.fakes import FakeBackend  # saving and loading never touch the model
 
     model = Model(FakeBackend(), Tokenizer.from_dir(model_dir), model_dir, progress=None)
