@@ -28,8 +28,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from draftwise.session import MAX_REQUEST_BUDGET
+
 MAX_TOKENS_CAP = 1 << 20  # no model here has a longer context; the real cap is the context
-MAX_BUDGET = 64  # draft-tree nodes a request may ask for (the server may cap lower)
+MAX_BUDGET = MAX_REQUEST_BUDGET  # draft-tree nodes a request may ask for (the server may cap lower)
 MAX_TEXT = 1 << 20  # characters in one message, prompt or stop string list entry
 MAX_MESSAGES = 1024
 MAX_PROMPT_IDS = 1 << 17
