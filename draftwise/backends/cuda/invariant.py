@@ -7,14 +7,17 @@ of ONE deterministic computation. What was measured on CPU (torch 2.13, oneDNN/M
 ``/tmp/dw10/measure*.py`` in the issue-10 report) and what this module relies on:
 
 - bf16 ``F.linear``: row 0 is bit-identical for every M in 1..256 for the layer shapes,
-  and for M in 1..32 for the lm_head (M >= 33 switches kernel). So rows are processed in
-  chunks of at most ``MAX_ROWS`` = 32 and never padded.
+  and for M in 1..32 for the lm_head (M >= 33 switches kernel), on the Intel Xeon (AMX)
+  of the first measurements. On an AMD EPYC (avx512_bf16, no AMX) M = 1 takes another
+  kernel than M >= 2 for the 1536-wide down projection (M = 2..48 is one class, 1 and 2
+  threads). So rows are processed in chunks of at most ``MAX_ROWS`` = 32 and padded to
+  ``min_rows("bfloat16")`` = 2.
 - float32 ``F.linear``: M = 1 (gemv) differs from M >= 2, and M in 2..15 differs from
   16..56. So float32 chunks are padded to ``min_rows("float32")`` = 16 rows.
 - SDPA differs as soon as masked keys sit between visible ones (a tree's siblings), so
   attention is written out here, in float32, from primitives that measured invariant:
-  ``q @ K^T`` (any M >= 3, any N, batched or not), ``p @ V`` over a fixed block of
-  ``BLOCK`` keys (any M >= 3), a sum over the contiguous last dim of fixed size, a max,
+  ``q @ K^T`` (any M >= 4, any N, batched or not), ``p @ V`` over a fixed block of
+  ``BLOCK`` keys (any M >= 4; queries are padded to ``MIN_GEMM_ROWS`` rows per kv head), a sum over the contiguous last dim of fixed size, a max,
   and sums over the "block" dim to which trailing all-zero blocks add nothing (see
   ``block_attention`` for why the exp-sums are reduced along a contiguous last dim).
 
@@ -42,7 +45,13 @@ import torch
 from draftwise.core.keyplan import BLOCK, key_blocks
 
 MAX_ROWS = 32  # rows per forward: the bf16 lm_head GEMM is row-invariant only up to 32
-_MIN_ROWS = {"float32": 16}  # pad to this many rows (float32 GEMMs: 16..56 is one kernel)
+# float32 GEMMs give a row the same bits for every M >= 4 rows, but other bits at M = 1
+# and M = 2..3 (measured on an AMD EPYC with torch 2.13: /tmp probes in the issue-15 note;
+# on the Intel Xeon of the first measurements M >= 3 was one class). The attention GEMMs
+# have M = (query heads per kv head) x rows, 3 x 1 for SmolLM2's plain step, so the query
+# heads are padded with zero heads to at least this many.
+MIN_GEMM_ROWS = 4
+_MIN_ROWS = {"float32": 16, "bfloat16": 2}  # pad to this many rows (see the module doc)
 
 
 def min_rows(dtype: str) -> int:
@@ -71,8 +80,12 @@ def block_attention(q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int) -> 
     following ``plan``; returns (T, H D) float32. Row-invariant: see the module doc."""
     h, t, d = q.shape
     hkv = h // rep
+    heads = rep  # the query heads per kv head that are real; the rest is padding
     # Scale q first (elementwise), so the score GEMMs are plain q @ K^T.
     qf = q.float().mul(d**-0.5).view(hkv, rep, t, d)  # (H_kv, rep, T, D)
+    if rep < MIN_GEMM_ROWS:  # every GEMM below then has M >= MIN_GEMM_ROWS rows
+        pad = qf.new_zeros(hkv, MIN_GEMM_ROWS - rep, t, d)
+        qf, rep = torch.cat([qf, pad], 1), MIN_GEMM_ROWS  # (H_kv, rep', T, D)
     qt = qf.transpose(1, 2)  # (H_kv, T, rep, D)
     kt = kv[0][:, plan.tail_idx].float()  # (H_kv, T, nT B, D)
     vt = kv[1][:, plan.tail_idx].float()  # (H_kv, T, nT B, D)
@@ -107,5 +120,5 @@ def block_attention(q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int) -> 
     # exp-sums are therefore reduced along a contiguous last dim (one row at a time,
     # independent of T); ``osum`` has H*D columns per row (a multiple of 16), always vectorised.
     lsum = lsum.permute(1, 2, 3, 0).contiguous().sum(-1)  # (H_kv, T, rep)
-    o = osum.sum(0) / lsum.unsqueeze(-1)  # (H_kv, T, rep, D)
-    return o.permute(1, 0, 2, 3).reshape(t, h * d)  # (T, H D): head = kv * rep + r
+    o = (osum.sum(0) / lsum.unsqueeze(-1))[:, :, :heads]  # (H_kv, T, heads, D)
+    return o.permute(1, 0, 2, 3).reshape(t, h * d)  # (T, H D): head = kv * heads + r
