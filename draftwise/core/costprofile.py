@@ -35,8 +35,14 @@ def measure_cost_curve(
     reps: int = 3,
     progress: Callable[[int, int], None] | None = None,
     meta: dict[str, str] | None = None,
+    time_budget_s: float | None = None,
 ) -> CostModel:
-    """Median verify ms for every (context, rows) pair; the cache is emptied after."""
+    """Median verify ms for every (context, rows) pair; the cache is emptied after.
+
+    ``time_budget_s`` bounds a first-use measurement on a slow device (mlx[cpu] takes
+    seconds per wide verify): the first context is always measured whole, with fewer
+    repeats (down to the warm-up alone) when the repeats would not fit; later contexts
+    are measured only while time is left. ``None``: every point, ``reps`` times."""
     limit = backend.context_limit
     ctxs = sorted({min(c, limit - max(rows) - 1) for c in contexts})
     if reps < 1 or not rows or ctxs[0] < 1:
@@ -45,22 +51,35 @@ def measure_cost_curve(
     tokens = rng.integers(100, min(backend.vocab_size, 20000), max(ctxs) + max(rows) + 1)
     table = np.zeros((len(ctxs), len(rows)))
     total, done = len(ctxs) * len(rows), 0
+    deadline = None if time_budget_s is None else time.perf_counter() + time_budget_s
+    measured = 0  # contexts fully measured
     try:
         for i, ctx in enumerate(ctxs):
+            if i > 0 and deadline is not None and time.perf_counter() > deadline:
+                break  # the first context's curve is enough to plan with
             backend.reset()
             backend.prefill(tokens[:ctx])
             for j, r in enumerate(rows):
                 tree = DraftTree.chain(tokens[ctx + 1 : ctx + r].tolist())
+                t0 = time.perf_counter()
                 backend.verify(int(tokens[ctx]), tree, need_logits=False)  # warm-up
+                warm = [(time.perf_counter() - t0) * 1e3]
+                n = reps
+                if deadline is not None:
+                    left = deadline - time.perf_counter()
+                    n = min(reps, int(left * 1e3 / max(warm[0], 1e-3) / (len(rows) - j)))
                 times = []
-                for _ in range(reps):
+                for _ in range(n):
                     t0 = time.perf_counter()
                     backend.verify(int(tokens[ctx]), tree, need_logits=False)
                     times.append((time.perf_counter() - t0) * 1e3)
-                table[i, j] = statistics.median(times)
+                table[i, j] = statistics.median(times or warm)
                 done += 1
                 if progress is not None:
                     progress(done, total)
+            measured = i + 1
     finally:
         backend.reset()
-    return CostModel(rows, table, ctxs, meta)
+    if progress is not None and done < total:
+        progress(total, total)  # the skipped contexts: close the bar
+    return CostModel(rows, table[:measured], ctxs[:measured], meta)

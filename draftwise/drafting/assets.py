@@ -44,6 +44,7 @@ from draftwise.errors import DraftwiseError
 from draftwise.models.paths import cache_dir
 
 PROFILE_VERSION = 2  # 2: keyed by the backend's own device description
+FIRST_USE_BUDGET_S = 20.0  # a first-use profile on a slow device (mlx[cpu]) is cut to this
 TABLE_K = 20  # bigram top-k kept per token: the paper's useful k range is <= 25
 TABLE_BATCH = 512  # one-token rows per forward when building the bigram table
 COST_PROFILE, BIGRAM_TABLE = "cost_profile", "bigram_table"
@@ -90,14 +91,18 @@ class Assets:
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
         return self.root / "profiles" / f"{self.model_dir.name}-{self.backend.name}-{digest}.json"
 
-    def measure_cost_profile(self, reps: int = 3, quiet: bool = False) -> CostModel:
-        """Measure and store the cost curve (what ``draftwise tune`` runs)."""
+    def measure_cost_profile(
+        self, reps: int = 3, quiet: bool = False, time_budget_s: float | None = None
+    ) -> CostModel:
+        """Measure and store the cost curve (what ``draftwise tune`` runs, in full)."""
         dev = self.device
         meta = {"device": dev.describe(), "backend": self.backend.name, "model": str(self.model_dir),
                 "dtype": dev.dtype, "mode": dev.mode, "threads": str(dev.threads)}
         bar = self._bar("draftwise: measuring verify cost on this device", quiet)
         try:
-            cost = measure_cost_curve(self.backend, reps=reps, progress=bar, meta=meta)
+            cost = measure_cost_curve(
+                self.backend, reps=reps, progress=bar, meta=meta, time_budget_s=time_budget_s
+            )
         finally:
             if self.on_backend_reset is not None:
                 self.on_backend_reset()
@@ -117,7 +122,8 @@ class Assets:
             except DraftwiseError as exc:
                 if not quiet:
                     print(f"draftwise: {exc}; measuring again", file=sys.stderr)
-        return self.measure_cost_profile(reps=reps, quiet=quiet)
+        # first use, on the way to a generation: bounded (``draftwise tune`` measures in full)
+        return self.measure_cost_profile(reps=reps, quiet=quiet, time_budget_s=FIRST_USE_BUDGET_S)
 
     def use_cost_profile(self, cost: CostModel) -> None:
         """Plan with ``cost`` instead of measuring (replays, tests)."""
