@@ -200,19 +200,22 @@ class CandidateCache:
         layer = [i for i in open_ if self.depth[i] == deepest]
         return sorted(layer, key=lambda i: (-self.score[i], i))
 
-    def can_grow(self, lm: DraftLM) -> bool:
+    def can_grow(self, lm: DraftLM, max_depth: int | None = None) -> bool:
+        """Whether one more layer fits (depth, node and cache limits); ``max_depth``
+        lowers the depth limit for this call (a sequential drafter with a small budget)."""
         front = self.frontier()
-        if not front or self.context is None or self.depth[front[0]] >= self.max_depth:
+        depth = self.max_depth if max_depth is None else min(max_depth, self.max_depth)
+        if not front or self.context is None or self.depth[front[0]] >= depth:
             return False
         rows = min(self.beam, len(front))
         if len(self.tokens) + rows * self.topk > self.max_nodes:
             return False
         return lm.cache_len + lm.scratch_len + rows <= lm.context_limit
 
-    def grow(self, lm: DraftLM) -> int:
+    def grow(self, lm: DraftLM, max_depth: int | None = None) -> int:
         """One draft forward over the primary set; adds its K x k children. Returns the
         rows computed (0 when the tree cannot grow)."""
-        if not self.can_grow(lm):
+        if not self.can_grow(lm, max_depth):
             return 0
         primary = self.frontier()[: self.beam]
         s0, r = lm.scratch_len, len(primary)

@@ -1,0 +1,61 @@
+"""Sequential draft-model drafting: the draft model grows a tree by path score (or a
+chain), then the target verifies it. Any model with the target's tokenizer drafts, as
+a ``core.draft_lm.DraftLM`` (a smaller model, or the target's own first layers).
+
+Each step corrects the candidate cache with the tokens the target emitted (the subtree
+below them is kept with its computed keys and values, so a long accepted guess costs
+few new draft forwards), grows it layer by layer up to ``depth`` (at most ``budget``
+deep), and hands the ``budget`` best nodes by path score to the target.
+
+``beam=1, topk=1`` is a greedy chain, mlx-lm's ``num_draft_tokens``::
+
+    chain = DraftModelDrafter.chain(lm, n=4)      # 4 greedy draft tokens per step
+    tree = DraftModelDrafter(lm, beam=4, topk=4, depth=5)
+    t = tree.propose(context, budget=16)          # the 16 best of up to 68 candidates
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from draftwise.core.draft_lm import DraftLM
+from draftwise.core.drafters.candidate_cache import CandidateCache
+from draftwise.core.tree import DraftTree
+
+
+class DraftModelDrafter:
+    """Draft with a draft model, then verify (no overlap); see the module docstring."""
+
+    name = "draft"
+
+    def __init__(
+        self, lm: DraftLM, beam: int = 4, topk: int = 4, depth: int = 5, max_nodes: int = 512
+    ) -> None:
+        self.lm = lm
+        self.beam, self.topk, self.depth, self.max_nodes = beam, topk, depth, max_nodes
+        self.cache = CandidateCache(beam, topk, depth, max_nodes)
+        self.forwards = 0  # draft forwards so far (rows of one layer each)
+        self.last_probs = np.zeros(0)  # draft probability of each node of the last tree
+
+    @classmethod
+    def chain(cls, lm: DraftLM, n: int = 4) -> DraftModelDrafter:
+        """A greedy chain of ``n`` draft tokens per step (mlx-lm's num_draft_tokens)."""
+        return cls(lm, beam=1, topk=1, depth=n)
+
+    def reset(self) -> None:
+        self.lm.reset()
+        self.cache = CandidateCache(self.beam, self.topk, self.depth, self.max_nodes)
+
+    def begin(self, prompt: np.ndarray) -> None:
+        pass  # the first propose prefills the draft model (prefix reused when cached)
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        context = np.asarray(context, np.int64)
+        self.cache.sync(self.lm, context)
+        while self.cache.grow(self.lm, max_depth=budget):
+            self.forwards += 1
+        tree, self.last_probs = self.cache.snapshot().query(context, budget)
+        return tree
+
+    def update(self, context: np.ndarray, n_new: int) -> None:
+        pass  # the next propose corrects the cache with the new tokens
