@@ -135,6 +135,16 @@ def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     return inv
 
 
+def rope_tables(
+    cfg: LlamaConfig, n: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (n, D) for positions 0..n-1, computed in float32 like transformers."""
+    pos = torch.arange(n, dtype=torch.float32)
+    freqs = torch.outer(pos, rope_inv_freq(cfg))  # (n, D/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (n, D)
+    return emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype)
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     # Normalise in float32 then cast back before the weight, exactly like transformers,
     # so that bf16 results match the reference implementation bit for bit where possible.
@@ -231,12 +241,7 @@ class Llama:
                     f"checkpoint has weights the {cfg.model_type} forward does not use: "
                     f"{', '.join(sorted(unused)[:3])}"
                 )
-            # RoPE tables for every cache slot, in float32 like transformers; cast per call.
-            pos = torch.arange(max_cache_len, dtype=torch.float32)
-            freqs = torch.outer(pos, rope_inv_freq(cfg))  # (T_max, D/2)
-            emb = torch.cat([freqs, freqs], dim=-1)  # (T_max, D)
-            self.cos = emb.cos().to(device=device, dtype=dtype)  # (T_max, D)
-            self.sin = emb.sin().to(device=device, dtype=dtype)  # (T_max, D)
+            self.cos, self.sin = rope_tables(cfg, max_cache_len, dtype, device)
             self.max_cache_len = max_cache_len
             self.cache = torch.zeros(
                 (cfg.n_layers, 2, cfg.n_kv_heads, max_cache_len, cfg.head_dim),

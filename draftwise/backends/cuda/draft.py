@@ -1,0 +1,132 @@
+"""``TorchDraftLM``: the draft-model tensor step (``core.draft_lm.DraftLM``) on torch.
+
+A draft model here is a ``Llama`` with its own KV cache: either another checkpoint with
+the target's tokenizer (``--draft-model PATH``), or the target's own first ``L`` layers
+plus its final norm and head (``early_exit``: training-free, no weights copied). The
+cache holds the context, then one *scratch* slot per tree row computed (written by slot
+index as in the target; rejected rows are dropped by ``keep``, a single gather).
+
+Example::
+
+    target = TorchBackend.from_pretrained(model_dir)
+    lm = TorchDraftLM(early_exit(target.model, 4, target.context_limit + 512))
+    drafter = DraftModelDrafter(lm, beam=4, topk=4, depth=5)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from draftwise.backends.cuda.backend import DTYPES, TorchBackend
+from draftwise.backends.cuda.llama import Llama, read_llama_config, read_weights, rope_tables
+from draftwise.errors import DraftwiseError
+
+DEFAULT_SCRATCH = 512  # tree rows the draft cache holds beyond the context
+
+
+def early_exit(model: Llama, n_layers: int, max_cache_len: int) -> Llama:
+    """The first ``n_layers`` blocks of ``model`` with its final norm and head, sharing
+    its weight tensors (no copy), with a KV cache of its own for ``max_cache_len``
+    positions."""
+    if not 1 <= n_layers <= model.cfg.n_layers:
+        raise DraftwiseError(
+            f"draft layers must be in 1..{model.cfg.n_layers} for this model, got {n_layers}"
+        )
+    cfg = dataclasses.replace(model.cfg, n_layers=n_layers)
+    out = copy.copy(model)  # shallow: embed, layers, norm and head are the same tensors
+    out.cfg = cfg
+    out.layers = model.layers[:n_layers]
+    out.max_cache_len = max_cache_len
+    if max_cache_len > model.max_cache_len:
+        out.cos, out.sin = rope_tables(cfg, max_cache_len, model.dtype, model.device)
+    out.cache = torch.zeros(
+        (n_layers, 2, cfg.n_kv_heads, max_cache_len, cfg.head_dim),
+        dtype=model.dtype,
+        device=model.device,
+    )  # (L, 2, H_kv, T_max, D)
+    return out
+
+
+def load_draft_model(model_dir: str | Path, dtype: str, device: torch.device,
+                     max_cache_len: int) -> Llama:
+    """Another checkpoint as a draft model (its tokenizer is checked by the caller)."""
+    cfg = read_llama_config(model_dir)
+    limit = min(cfg.max_positions, max_cache_len)
+    return Llama(cfg, read_weights(Path(model_dir)), DTYPES[dtype], device, limit)
+
+
+class TorchDraftLM(TorchBackend):
+    """A draft ``Llama`` and its cache: context slots, then scratch tree rows.
+
+    Reuses the target backend's prefill and bookkeeping; adds ``expand`` and ``keep``.
+    ``vocab_limit`` caps proposed ids at the target's vocabulary (same tokenizer, but a
+    checkpoint may pad its embedding to another size).
+    """
+
+    def __init__(self, model: Llama, vocab_limit: int | None = None) -> None:
+        super().__init__(model, model.max_cache_len, invariant=False)
+        self.vocab_size = min(model.cfg.vocab_size, vocab_limit or model.cfg.vocab_size)
+        self.name = f"draft-{self.name}-{model.cfg.n_layers}layers"
+        self._scratch = 0
+
+    @property
+    def scratch_len(self) -> int:
+        return self._scratch
+
+    def reset(self) -> None:
+        super().reset()
+        self._scratch = 0
+
+    def trim(self, n: int) -> None:
+        super().trim(n)
+        self._scratch = 0
+
+    def prefill(self, tokens: np.ndarray) -> None:
+        self._scratch = 0
+        super().prefill(tokens)
+
+    def expand(
+        self, tokens: np.ndarray, depths: np.ndarray, mask: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        r, s0 = int(tokens.size), self._scratch
+        if mask.shape != (r, s0 + r):
+            raise DraftwiseError(f"draft mask must be ({r}, {s0 + r}), got {mask.shape}")
+        self._check_room("draft", s0 + r)
+        start, n = self._len + s0, self._len
+        host = np.empty((r, 2 + s0 + r), np.int64)  # tokens, positions, scratch mask
+        host[:, 0] = tokens
+        self._check_ids(host[:, 0])
+        host[:, 1] = n + np.asarray(depths, np.int64)
+        host[:, 2:] = mask
+        with torch.inference_mode():
+            dev = torch.from_numpy(host).to(self.device)  # (R, 2 + S + R)
+            full = None
+            if r > 1 or s0 > 0:
+                full = torch.cat(
+                    [self._ones[:, :n].expand(r, n), dev[:, 2:].bool()], dim=1
+                )  # (R, n + S + R)
+            logits = self.model.forward(dev[:, 0], dev[:, 1], start, full, need_logits=True)
+            assert logits is not None
+            logp = torch.log_softmax(logits[:, : self.vocab_size].float(), dim=-1)  # (R, V)
+            vals, ids = logp.topk(k, dim=-1)  # (R, k) each, best first
+            self._scratch += r
+            return ids.cpu().numpy().astype(np.int64), vals.cpu().numpy()
+
+    def keep(self, slots: np.ndarray, n_commit: int) -> None:
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        if not 0 <= n_commit <= slots.size or (slots.size and (
+                slots.min() < 0 or slots.max() >= self._scratch)):
+            raise DraftwiseError(
+                f"keep {slots.tolist()} (commit {n_commit}) outside {self._scratch} scratch rows"
+            )
+        if slots.size and not np.array_equal(slots, np.arange(slots.size)):
+            with torch.inference_mode():
+                src = torch.from_numpy(self._len + slots).to(self.device)  # (K,)
+                self.model.move_slots(src, self._len)
+        self._len += n_commit
+        self._scratch = int(slots.size) - n_commit
