@@ -29,10 +29,11 @@ from draftwise.errors import DraftwiseError
 DEFAULT_SCRATCH = 512  # tree rows the draft cache holds beyond the context
 
 
-def early_exit(model: Llama, n_layers: int, max_cache_len: int) -> Llama:
+def early_exit(model: Llama, n_layers: int, max_cache_len: int, head: int = 0) -> Llama:
     """The first ``n_layers`` blocks of ``model`` with its final norm and head, sharing
     its weight tensors (no copy), with a KV cache of its own for ``max_cache_len``
-    positions."""
+    positions. ``head`` > 0 keeps only the head's first ``head`` rows (a view): the
+    draft then proposes only ids below ``head``."""
     if not 1 <= n_layers <= model.cfg.n_layers:
         raise DraftwiseError(
             f"draft layers must be in 1..{model.cfg.n_layers} for this model, got {n_layers}"
@@ -41,6 +42,10 @@ def early_exit(model: Llama, n_layers: int, max_cache_len: int) -> Llama:
     out = copy.copy(model)  # shallow: embed, layers, norm and head are the same tensors
     out.cfg = cfg
     out.layers = model.layers[:n_layers]
+    if head:
+        if not 1 <= head <= model.lm_head.shape[0]:
+            raise DraftwiseError(f"draft head must be in 1..{model.lm_head.shape[0]}, got {head}")
+        out.lm_head = model.lm_head[:head]  # (head, C) view: no copy
     out.max_cache_len = max_cache_len
     if max_cache_len > model.max_cache_len:
         out.cos, out.sin = rope_tables(cfg, max_cache_len, model.dtype, model.device)
@@ -70,9 +75,17 @@ class TorchDraftLM(TorchBackend):
 
     def __init__(self, model: Llama, vocab_limit: int | None = None) -> None:
         super().__init__(model, model.max_cache_len, invariant=False)
-        self.vocab_size = min(model.cfg.vocab_size, vocab_limit or model.cfg.vocab_size)
+        rows = int(model.lm_head.shape[0])  # fewer than the vocabulary with a cut head
+        self.vocab_size = min(model.cfg.vocab_size, vocab_limit or rows, rows)
         self.name = f"draft-{self.name}-{model.cfg.n_layers}layers"
         self._scratch = 0
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        # Inputs may be any id of the embedding; only proposals are capped at vocab_size.
+        rows = int(self.model.embed.shape[0])
+        if ids.size and (ids.min() < 0 or ids.max() >= rows):
+            bad = ids[(ids < 0) | (ids >= rows)][0]
+            raise DraftwiseError(f"token id {bad} outside the draft model's vocabulary ({rows})")
 
     @property
     def scratch_len(self) -> int:
