@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftwise.core.draft_lm import DraftLM
@@ -43,23 +44,41 @@ def build_draft_lm(
     head: int = 0,
 ) -> DraftLM:
     """The draft model for ``model``; see the module docstring."""
-    from draftwise.backends.cuda.backend import TorchBackend
-
-    be = model.backend
-    if not isinstance(be, TorchBackend):
-        raise DraftwiseError(
-            f"draft models run on the torch backend so far, not {be.name!r} (use --backend torch)"
-        )
-    from draftwise.backends.cuda.draft import TorchDraftLM, early_exit, load_draft_model
-
-    limit = be.context_limit + SCRATCH
-    if path is None:
-        llama = early_exit(be.model, layers, limit, head)
-    else:
+    draft_dir = None
+    if path is not None:
         draft_dir = resolve_model(path)
         check_architecture(read_config(draft_dir), {"llama", "mistral", "qwen2"})
         check_same_tokenizer(model.tokenizer, Tokenizer.from_dir(draft_dir), os.fspath(path))
+    be = model.backend
+    limit = be.context_limit + SCRATCH
+    if be.name.startswith("mlx"):
+        if head:
+            raise DraftwiseError("a cut draft head (head=N) is torch-only so far; drop head=")
+        return _mlx_draft(model, draft_dir, layers, limit)
+    from draftwise.backends.cuda.backend import TorchBackend
+
+    if not isinstance(be, TorchBackend):
+        raise DraftwiseError(f"backend {be.name!r} cannot run a draft model")
+    from draftwise.backends.cuda.draft import TorchDraftLM, early_exit, load_draft_model
+
+    if draft_dir is None:
+        llama = early_exit(be.model, layers, limit, head)
+    else:
         llama = load_draft_model(draft_dir, be.dtype, be.device, limit)
         if head:
             llama.lm_head = llama.lm_head[:head]
     return TorchDraftLM(llama, be.vocab_size)
+
+
+def _mlx_draft(model: Model, draft_dir: Path | None, layers: int, limit: int) -> DraftLM:
+    from draftwise.backends.mlx.backend import MLXBackend  # type: ignore[import-not-found]
+    from draftwise.backends.mlx.draft import MLXDraftLM, early_exit  # type: ignore[import-not-found]
+    from draftwise.backends.mlx.llama import Llama  # type: ignore[import-not-found]
+    from draftwise.backends.mlx.load import load_module  # type: ignore[import-not-found]
+
+    be = model.backend
+    assert isinstance(be, MLXBackend)  # by its name
+    if draft_dir is None:
+        return MLXDraftLM(early_exit(be.model, layers, limit), be.vocab_size)  # type: ignore[no-any-return]
+    module, cfg = load_module(draft_dir, be.dtype)
+    return MLXDraftLM(Llama(module, cfg, limit), be.vocab_size)  # type: ignore[no-any-return]
