@@ -6,9 +6,12 @@ import argparse
 from typing import Any
 
 from draftwise.api import BACKENDS
-from draftwise.drafting import check_spec, drafter_names
+from draftwise.drafting import PartSpec, check_spec, drafter_names
 from draftwise.core.sampling import SamplingParams
 from draftwise.errors import DraftwiseError
+
+
+DRAFT_MODEL_DRAFTERS = ("draft", "card")  # the drafters --draft-model applies to
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -27,6 +30,30 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
                    help=f"drafter: {', '.join(drafter_names())} (default: {default})")
     p.add_argument("--budget", type=int, default=16,
                    help="draft tree size in tokens, excluding the root (default: 16)")
+    p.add_argument("--draft-model", default=None, metavar="PATH",
+                   help="draft model for --drafter draft or card: a local HF directory or .gguf "
+                        "with the model's tokenizer (default: the model's own first layers)")
+
+
+def with_draft_model(spec: str, path: str) -> str:
+    """``spec`` with ``model=PATH`` added to its ``draft``/``card`` parts.
+
+    Example::
+
+        >>> with_draft_model("card:beam=4", "/m/draft")
+        'card:beam=4,model=/m/draft'
+    """
+    parsed = check_spec(spec)
+    if not any(p.name in DRAFT_MODEL_DRAFTERS for p in parsed.parts):
+        raise DraftwiseError(f"--draft-model needs --drafter draft or card, got {spec!r}")
+    if any(c in path for c in ",+:=") or not path.strip():
+        raise DraftwiseError(f"--draft-model path {path!r} may not contain ',', '+', ':' or '='")
+    parts = []
+    for part in parsed.parts:
+        if part.name in DRAFT_MODEL_DRAFTERS:
+            part = PartSpec(part.name, {**part.options, "model": path}, part.budget)
+        parts.append(str(part))
+    return "+".join(parts)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -47,6 +74,8 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         repetition_penalty=args.repetition_penalty,
     )
     check_spec(args.drafter)  # names and options, before any model loads
+    if getattr(args, "draft_model", None):  # every app then builds the same drafter
+        args.drafter = with_draft_model(args.drafter, args.draft_model)
     if args.max_tokens < 1:
         raise DraftwiseError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if args.budget < 0:

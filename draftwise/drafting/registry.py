@@ -26,6 +26,7 @@ from draftwise.core.drafters.ngrammys import Bigram, NGrammys
 from draftwise.core.drafters.ssd import SSD
 from draftwise.drafting.assets import BIGRAM_TABLE, COST_PROFILE
 from draftwise.drafting.context import DraftingContext
+from draftwise.drafting.draft_models import build_card, build_draft
 from draftwise.drafting.options import OBJECT, PATH, Option
 
 Builder = Callable[[DraftingContext, dict[str, Any]], Drafter]
@@ -167,6 +168,39 @@ register(DrafterEntry(
         Option("max_budget", int, 64, "most tree nodes per step", low=0, high=MAX_BUDGET),
         Option("cost", OBJECT, None, "a CostModel (default: this device's profile)", remote=False),
     ), build_auto, frozenset({COST_PROFILE}),
+))
+
+
+# Draft models allocate a KV cache (and may read a checkpoint) when built: local only.
+_DRAFT_MODEL_OPTIONS = (
+    Option("layers", int, 8, "early exit: the target's first L layers draft", low=1, high=1024,
+           remote=False),
+    Option("model", PATH, None, "a draft model with the target's tokenizer (HF dir or .gguf)",
+           remote=False),
+    Option("head", int, 0, "draft only ids below N (a view of the head; 0 = all)", low=0,
+           high=1 << 24, remote=False),
+    Option("lm", OBJECT, None, "a DraftLM", remote=False),
+)
+
+
+def _tree_options(beam: int, topk: int, depth: int) -> tuple[Option, ...]:
+    return (
+        Option("beam", int, beam, "K: best nodes expanded per layer", low=1, high=64, remote=False),
+        Option("topk", int, topk, "k: children kept per expanded node", low=1, high=64, remote=False),
+        Option("depth", int, depth, "layers grown below the root", low=1, high=64, remote=False),
+        Option("max_nodes", int, 512, "candidates kept (memory)", low=2, high=1 << 16, remote=False),
+    )
+
+
+register(DrafterEntry(
+    "draft", "a draft model grows a tree by path score (beam=topk=1: a chain), then verify",
+    _DRAFT_MODEL_OPTIONS + _tree_options(4, 4, 5), build_draft, remote=False,
+))
+register(DrafterEntry(
+    "card", "CARD: a draft model fills a candidate cache in a worker thread while the target verifies",
+    _DRAFT_MODEL_OPTIONS + _tree_options(8, 4, 8) + (
+        Option("threads", int, 1, "torch threads of the draft worker", low=1, high=256, remote=False),
+    ), build_card, remote=False,
 ))
 
 

@@ -98,6 +98,10 @@ def test_every_drafter_builds_at_its_defaults(name):
         objects = {"cost": CostModel(rows=[1, 64], ms=[10, 11])}
     if name in ("bigram", "ngrammys"):
         objects = {"table": fake_table(FakeBatchBackend(vocab_size=16))}
+    if name in ("draft", "card"):
+        from tests.core.fake_draft import FakeDraftLM
+
+        objects = {"lm": FakeDraftLM(vocab_size=16)}
     d = make_drafter(name, **objects)
     assert d.name == name
     d.reset()

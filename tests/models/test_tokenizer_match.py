@@ -58,7 +58,7 @@ def test_other_tokenizers_refused_with_the_difference(default_model_dir, tmp_pat
 @pytest.mark.slow
 @pytest.mark.torch
 def test_build_draft_lm_refuses_other_tokenizer(torch_model, default_model_dir, tmp_path):  # type: ignore[no-untyped-def]
-    from draftwise.draft_models import build_draft_lm
+    from draftwise.drafting.draft_models import build_draft_lm
 
     other = tmp_path / "other"
     other.mkdir()
@@ -70,6 +70,6 @@ def test_build_draft_lm_refuses_other_tokenizer(torch_model, default_model_dir, 
     data["model"]["merges"] = []
     (other / "tokenizer.json").write_text(json.dumps(data))
     with pytest.raises(DraftwiseError, match="has another tokenizer: vocabulary of 30000"):
-        build_draft_lm(torch_model, other)
-    lm = build_draft_lm(torch_model, default_model_dir)  # the same model drafts for itself
+        build_draft_lm(torch_model.drafting, other)
+    lm = build_draft_lm(torch_model.drafting, default_model_dir)  # the same model drafts for itself
     assert lm.vocab_size == torch_model.backend.vocab_size

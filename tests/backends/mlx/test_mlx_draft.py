@@ -39,9 +39,9 @@ def test_mlx_draft_lossless_and_cache_consistent(mlx_model):  # type: ignore[no-
     from draftwise.backends.mlx.draft import MLXDraftLM, early_exit
     from draftwise.core.drafters.candidate_cache import CandidateCache
     from draftwise.core.drafters.draft_model import DraftModelDrafter
-    from draftwise.draft_models import build_draft_lm
+    from draftwise.drafting.draft_models import build_draft_lm
 
-    lm = build_draft_lm(mlx_model, layers=4)
+    lm = build_draft_lm(mlx_model.drafting, layers=4)
     assert lm.model.layers[0] is mlx_model.backend.model.layers[0]  # shared, not copied
     plain = greedy(mlx_model, OWN_PROMPTS[0], "none").token_ids
     d = DraftModelDrafter(lm, beam=2, topk=2, depth=3)
