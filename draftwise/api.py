@@ -31,6 +31,7 @@ from draftwise.backends.select import BACKENDS, make_backend
 from draftwise.core.backend import Backend
 from draftwise.core.decode import Decoder
 from draftwise.core.drafters import Drafter
+from draftwise.core.drafters.base import close_drafter
 from draftwise.core.sampling import SamplingParams
 from draftwise.drafting import Assets, DraftingContext, build_drafter, check_spec, tqdm_progress
 from draftwise.drafting.progress import ProgressFactory
@@ -122,8 +123,14 @@ class Model:
             self.drafters[key] = build_drafter(key, self.drafting, **options)
         self.drafters.move_to_end(key)
         while len(self.drafters) > MAX_NAMED_DRAFTERS:
-            self.drafters.popitem(last=False)
+            close_drafter(self.drafters.popitem(last=False)[1])  # e.g. stop a worker thread
         return self.drafters[key]
+
+    def close_drafters(self) -> None:
+        """Release what the named drafters hold (CARD's worker threads); they restart on
+        their next use."""
+        for d in self.drafters.values():
+            close_drafter(d)
 
     def encode_prompt(self, prompt: Prompt, chat_template: bool = True) -> list[int]:
         """Token ids for a string (chat template applied when the model has one and

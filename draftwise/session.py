@@ -353,6 +353,7 @@ class Session:
             self.save()
         with self._lock:
             self._closed = True
+            self.model.close_drafters()  # stops worker threads (CARD)
 
     def __enter__(self) -> Session:
         return self

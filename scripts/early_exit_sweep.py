@@ -54,14 +54,15 @@ def costs(model, layers: list[int], head: int) -> None:  # type: ignore[no-untyp
     be.prefill(ids[:-1])
     for rows in (1, 5):
         tree = DraftTree.chain(ids[: rows - 1].tolist())
-        print(f"target verify {rows} rows: {cpu_ms(lambda: be.verify(int(ids[-1]), tree, False)):.1f} ms")
+        ms = cpu_ms(lambda t=tree: be.verify(int(ids[-1]), t, False))
+        print(f"target verify {rows} rows: {ms:.1f} ms")
     for L in layers:
         lm = TorchDraftLM(early_exit(be.model, L, be.context_limit + 512, head), be.vocab_size)
         lm.prefill(ids[:-1])
         for rows in (1, 4):
             mask = np.eye(rows, dtype=bool)
 
-            def one() -> None:
+            def one(lm=lm, rows=rows, mask=mask) -> None:  # type: ignore[no-untyped-def]
                 lm.expand(ids[-rows:], np.zeros(rows, np.int64), mask, 4)
                 lm.keep(np.zeros(0, np.int64), 0)
 

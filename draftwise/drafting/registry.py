@@ -185,10 +185,10 @@ _DRAFT_MODEL_OPTIONS = (
 
 def _tree_options(beam: int, topk: int, depth: int) -> tuple[Option, ...]:
     return (
-        Option("beam", int, beam, "K: best nodes expanded per layer", low=1, high=64, remote=False),
-        Option("topk", int, topk, "k: children kept per expanded node", low=1, high=64, remote=False),
+        Option("beam", int, beam, "K: nodes expanded per layer", low=1, high=64, remote=False),
+        Option("topk", int, topk, "k: children per expanded node", low=1, high=64, remote=False),
         Option("depth", int, depth, "layers grown below the root", low=1, high=64, remote=False),
-        Option("max_nodes", int, 512, "candidates kept (memory)", low=2, high=1 << 16, remote=False),
+        Option("max_nodes", int, 512, "candidates kept", low=2, high=1 << 16, remote=False),
     )
 
 
@@ -197,9 +197,10 @@ register(DrafterEntry(
     _DRAFT_MODEL_OPTIONS + _tree_options(4, 4, 5), build_draft, remote=False,
 ))
 register(DrafterEntry(
-    "card", "CARD: a draft model fills a candidate cache in a worker thread while the target verifies",
+    "card", "CARD: a draft model fills a candidate cache in a worker thread during verify",
     _DRAFT_MODEL_OPTIONS + _tree_options(8, 4, 8) + (
-        Option("threads", int, 1, "torch threads of the draft worker", low=1, high=256, remote=False),
+        Option("threads", int, 1, "torch threads of the draft worker", low=1, high=256,
+               remote=False),
     ), build_card, remote=False,
 ))
 

@@ -63,7 +63,7 @@ class FakeDraftLM:
             new = []
             for i in range(r):
                 vis = np.flatnonzero(mask[i, :s0]).tolist()
-                assert mask[i, s0 + i] and mask[i, s0:].sum() == 1, "rows of one step are independent"
+                assert mask[i, s0 + i] and mask[i, s0:].sum() == 1, "rows of a step are independent"
                 assert len(vis) == depths[i], "position = cached + ancestors"
                 anc = [self.scratch[j][-1] for j in vis]
                 for j in vis:  # each visible slot must be an ancestor of the next

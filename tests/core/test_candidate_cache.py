@@ -58,7 +58,10 @@ def brute_force_layers(lm: FakeDraftLM, context, beam, topk, depth):  # type: ig
     return layers, secondary
 
 
-@pytest.mark.parametrize("beam,topk,depth,seed", [(2, 2, 4, 0), (3, 2, 3, 1), (4, 3, 4, 2), (1, 1, 5, 3)])
+SHAPES = [(2, 2, 4, 0), (3, 2, 3, 1), (4, 3, 4, 2), (1, 1, 5, 3)]
+
+
+@pytest.mark.parametrize("beam,topk,depth,seed", SHAPES)
 def test_construction_equals_brute_force_top_k(beam, topk, depth, seed):  # type: ignore[no-untyped-def]
     lm = FakeDraftLM(vocab_size=6, seed=seed)
     cache = grown(lm, beam, topk, depth)
@@ -130,7 +133,8 @@ def test_correction_keeps_exactly_the_descendants(seed):  # type: ignore[no-unty
     assert len(lm.scratch) == sum(1 for s in cache.slot if s >= 0)
     while cache.grow(lm):
         pass
-    fresh = grown(FakeDraftLM(vocab_size=5, seed=seed), 3, 2, 4, np.concatenate([CONTEXT, accepted]))
+    ctx = np.concatenate([CONTEXT, accepted])
+    fresh = grown(FakeDraftLM(vocab_size=5, seed=seed), 3, 2, 4, ctx)
     for p, i in paths(cache.snapshot()).items():
         if p in paths(fresh.snapshot()):
             j = paths(fresh.snapshot())[p]

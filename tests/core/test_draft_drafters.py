@@ -146,7 +146,8 @@ def test_card_worker_stops_on_close_error_and_gc():
 
 
 def test_card_reset_and_cancel_midway():
-    card = CardDrafter(similar_draft(), beam=2, topk=2, depth=4, on_forward=jitter(random.Random(1)))
+    card = CardDrafter(similar_draft(), beam=2, topk=2, depth=4,
+                       on_forward=jitter(random.Random(1)))
     try:
         be = target()
         dec = Decoder(be)

@@ -47,10 +47,12 @@ def test_other_tokenizers_refused_with_the_difference(default_model_dir, tmp_pat
         d["model"]["merges"] = []
 
     renamed = variant(default_model_dir, tmp_path / "renamed", rename)
-    with pytest.raises(DraftwiseError, match=r"draft model 'd1' has another tokenizer: token id 1000 is 'zz-renamed'"):
+    want = r"draft model 'd1' has another tokenizer: token id 1000 is 'zz-renamed'"
+    with pytest.raises(DraftwiseError, match=want):
         check_same_tokenizer(target, renamed, "d1")
     smaller = variant(default_model_dir, tmp_path / "smaller", shrink)
-    with pytest.raises(DraftwiseError, match=r"vocabulary of 40000 tokens, the target's has 49152") as e:
+    want = r"vocabulary of 40000 tokens, the target's has 49152"
+    with pytest.raises(DraftwiseError, match=want) as e:
         check_same_tokenizer(target, smaller, "d2")
     assert "\n" not in str(e.value)
 

@@ -94,7 +94,8 @@ class MLXDraftLM(MLXBackend):
         vals = np.take_along_axis(host, top, 1)
         order = np.argsort(-vals, axis=1, kind="stable")
         self._scratch += r
-        return np.take_along_axis(top, order, 1).astype(np.int64), np.take_along_axis(vals, order, 1)
+        ids_out = np.take_along_axis(top, order, 1).astype(np.int64)  # (R, k) best first
+        return ids_out, np.take_along_axis(vals, order, 1)
 
     def keep(self, slots: np.ndarray, n_commit: int) -> None:
         slots = np.asarray(slots, np.int64).reshape(-1)

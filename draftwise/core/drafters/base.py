@@ -39,6 +39,20 @@ class Drafter(Protocol):
         """``context`` (T,) now ends with ``n_new`` tokens emitted by the last step."""
 
 
+@runtime_checkable
+class Closeable(Protocol):
+    """A drafter that holds something to release (CARD's worker thread)."""
+
+    def close(self) -> None:
+        """Stop and release it; the drafter may start again on its next ``begin``."""
+
+
+def close_drafter(drafter: Drafter) -> None:
+    """``drafter.close()`` when it has one (composites forward it to their members)."""
+    if isinstance(drafter, Closeable):
+        drafter.close()
+
+
 class NoDrafter:
     """Plain decoding: proposes nothing, so every step emits exactly one token."""
 

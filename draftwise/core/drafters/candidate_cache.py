@@ -172,7 +172,8 @@ class CandidateCache:
         """Commit ``chain[:-1]`` to the draft cache, keep the subtree of ``chain[-1]``."""
         v = chain[-1]
         keep = np.flatnonzero(subtree_mask(np.asarray(self.parents), v))  # topological
-        slots = [self.slot[n] for n in chain[:-1]] + [self.slot[n] for n in keep if self.slot[n] >= 0]
+        kept_rows = [self.slot[n] for n in keep if self.slot[n] >= 0]
+        slots = [self.slot[n] for n in chain[:-1]] + kept_rows
         lm.keep(np.asarray(slots, np.int64), len(chain) - 1)
         remap = {int(n): i for i, n in enumerate(keep)}
         d0, s0 = self.depth[v], self.score[v]
@@ -231,7 +232,7 @@ class CandidateCache:
         ids, logp = lm.expand(tokens, depths, mask, self.topk)  # (R, k) each
         for i, node in enumerate(primary):
             self.slot[node] = s0 + i
-            for tok, lp in zip(ids[i].tolist(), logp[i].tolist()):
+            for tok, lp in zip(ids[i].tolist(), logp[i].tolist(), strict=True):
                 if not np.isfinite(lp):
                     continue
                 self.tokens.append(int(tok))

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from draftwise.core.atomic import atomic_file
-from draftwise.core.drafters.base import Drafter
+from draftwise.core.drafters.base import Drafter, close_drafter
 from draftwise.core.tree import DraftTree, merge_trees
 from draftwise.errors import DraftwiseError
 
@@ -89,6 +89,10 @@ class Combined:
     def save(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
         save_members(self.members, path, tokenizer_id)
 
+    def close(self) -> None:
+        for m in self.members:
+            close_drafter(m)
+
     def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
         load_members(self.members, path, tokenizer_id)
 
@@ -126,6 +130,9 @@ class Capped:
 
     def save(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
         save_members([self.inner], path, tokenizer_id)
+
+    def close(self) -> None:
+        close_drafter(self.inner)
 
     def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
         load_members([self.inner], path, tokenizer_id)

@@ -75,7 +75,8 @@ def test_draft_cache_equals_fresh_prefill_after_corrections(torch_model):  # typ
         fresh.prefill(ctx[:-1])
         assert lm.cache_len == ctx.size - 1
         n = lm.cache_len
-        assert torch.allclose(lm.model.cache[:, :, :, :n], fresh.model.cache[:, :, :, :n], atol=1e-4)
+        got, want = lm.model.cache[:, :, :, :n], fresh.model.cache[:, :, :, :n]
+        assert torch.allclose(got, want, atol=1e-4)
     assert True in outcomes and False in outcomes
 
 
@@ -104,3 +105,36 @@ def test_draft_model_and_card_identical_to_plain(torch_model, prompt):  # type: 
         assert greedy(torch_model, prompt, card, temp=0.8, seed=5).token_ids == hot_plain
         assert card.stats()["forwards"] > 0
     assert threading.active_count() == before
+
+
+def test_registry_specs_session_cancel_and_close(torch_model, default_model_dir):  # type: ignore[no-untyped-def]
+    """``draft``/``card`` built from specs (early exit and --draft-model), lossless; a
+    cancelled CARD generation leaves both caches usable; closing the session stops the
+    worker thread."""
+    import random
+    import time
+
+    from draftwise import Session
+    from draftwise.session import CancelToken
+
+    prompt = OWN_PROMPTS[2]
+    plain = greedy(torch_model, prompt, "none").token_ids
+    for spec in ("draft:layers=8,beam=1,topk=1,depth=3", "draft:layers=12,head=8192",
+                 f"draft:model={default_model_dir},beam=2,topk=2,depth=3"):
+        assert greedy(torch_model, prompt, spec).token_ids == plain, spec
+    before = threading.active_count()
+    rng = random.Random(3)
+    spec = "card:layers=6,beam=3,topk=2,depth=4"
+    card = torch_model.drafter(spec)
+    card._worker.on_forward = lambda: time.sleep(rng.choice([0.0, 0.001, 0.02, 0.08]))
+    session = Session(torch_model, drafter=spec)
+    token = CancelToken()
+    for i, _ in enumerate(session.stream(prompt, max_tokens=MAX_TOKENS, cancel=token)):
+        if i == 3:
+            token.cancel()
+    assert torch_model.decoder.cached  # the target kept a consistent prefix
+    for _ in range(3):  # random worker delays change what is drafted, never the output
+        assert [t for r in session.stream(prompt, max_tokens=MAX_TOKENS) for t in r.tokens] == plain
+    assert card.worker_alive
+    session.close()
+    assert not card.worker_alive and threading.active_count() == before

@@ -59,5 +59,5 @@ def test_mlx_draft_lossless_and_cache_consistent(mlx_model):  # type: ignore[no-
     fresh = MLXDraftLM(early_exit(mlx_model.backend.model, 4, lm.context_limit))
     fresh.prefill(np.concatenate([ctx, path])[:-1])
     n = lm.cache_len
-    for a, b in zip(lm.model.cache_arrays(), fresh.model.cache_arrays()):
+    for a, b in zip(lm.model.cache_arrays(), fresh.model.cache_arrays(), strict=True):
         assert np.allclose(np.array(a[:, :, :n]), np.array(b[:, :, :n]), atol=1e-4)
