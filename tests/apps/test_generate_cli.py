@@ -26,6 +26,11 @@ def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
         (["--prompt", "hi", "--temp", "-1"], "temperature must be >= 0"),
         (["--prompt", "hi", "--model", "/no/such/model"], "/no/such/model"),
         (["--prompt-file", "/no/such/file.txt"], "/no/such/file.txt"),
+        (["--prompt", "hi", "--drafter", "ssd", "--draft-model", "/x"],
+         "--draft-model needs --drafter draft or card"),
+        (["--prompt", "hi", "--drafter", "card:layers=0"], "card option layers must be >= 1"),
+        (["--prompt", "hi", "--drafter", "draft", "--draft-model", "/no/such/draft"],
+         "model not found: '/no/such/draft'"),
     ],
 )
 def test_bad_input_one_line_error(args, needle, default_model_dir):
@@ -54,3 +59,17 @@ def test_json_output(default_model_dir):
     assert out["mean_accepted"] == pytest.approx(len(out["token_ids"]) / out["steps"], rel=1e-3)
     # The tree size used per step is reported; the spec's budget=6 caps it.
     assert 0 < out["mean_tree_nodes"] <= 6 and 0 <= out["plain_steps"] <= out["steps"]
+
+
+@pytest.mark.slow
+def test_draft_model_flag_end_to_end(default_model_dir):
+    """``--drafter card --draft-model DIR`` (the default model drafting for itself) emits
+    the plain tokens."""
+    args = ["--prompt", "Name three prime numbers.", "--max-tokens", "12", "--json"]
+    plain = json.loads(cli("generate", *args, "--drafter", "none").stdout)
+    r = cli("generate", *args, "--drafter", "card:beam=2,topk=2,depth=3",
+            "--draft-model", str(default_model_dir))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["token_ids"] == plain["token_ids"]
+    assert out["drafter"] == f"card:beam=2,topk=2,depth=3,model={default_model_dir}"
