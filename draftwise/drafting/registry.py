@@ -21,6 +21,7 @@ from typing import Any
 from draftwise.core.autotune import AutoDrafter
 from draftwise.core.drafters.base import Drafter, NoDrafter
 from draftwise.core.drafters.cacheback import TABLE_MODES, Cacheback
+from draftwise.core.drafters.card import VERIFY
 from draftwise.core.drafters.context_ngram import VERIFY_MODES, ContextNgram
 from draftwise.core.drafters.ngrammys import Bigram, NGrammys
 from draftwise.core.drafters.ssd import SSD
@@ -199,6 +200,10 @@ register(DrafterEntry(
 register(DrafterEntry(
     "card", "CARD: a draft model fills a candidate cache in a worker thread during verify",
     _DRAFT_MODEL_OPTIONS + _tree_options(8, 4, 8) + (
+        Option("verify", str, "tree", "target verifies the best subtree or CARD's best chain",
+               choices=VERIFY, remote=False),
+        Option("correct", bool, True, "correct the cache with the target's tokens (ablation: false)",
+               remote=False),
         Option("threads", int, 1, "torch threads of the draft worker", low=1, high=256,
                remote=False),
     ), build_card, remote=False,

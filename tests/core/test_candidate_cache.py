@@ -175,3 +175,15 @@ def test_exhaustive_small_tree_is_all_sequences():
 def test_bad_options():
     with pytest.raises(DraftwiseError, match="beam"):
         CandidateCache(0, 2, 3)
+
+
+def test_chain_query_is_the_best_child_repeatedly():
+    lm = FakeDraftLM(vocab_size=6, seed=9)
+    snap = grown(lm, 3, 3, 4).snapshot()
+    tree, probs = snap.query(CONTEXT, 3, chain=True)
+    assert tree.is_chain() and len(tree) == 3
+    node = 0
+    for tok in tree.tokens.tolist():
+        kids = np.flatnonzero(snap.parents == node)
+        node = int(kids[np.argmax(snap.score[kids])])
+        assert snap.tokens[node] == tok

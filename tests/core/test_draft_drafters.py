@@ -161,3 +161,21 @@ def test_card_reset_and_cancel_midway():
         assert out == plain
     finally:
         card.close()
+
+
+@pytest.mark.parametrize("opts", [{"verify": "chain"}, {"correct": False}])
+def test_card_chain_and_no_correction_ablation_stay_lossless(opts):  # type: ignore[no-untyped-def]
+    plain, _, _ = run(NoDrafter(), GREEDY)
+    rng = random.Random(5)
+    drafted = 0
+    for trial in range(4):
+        with CardDrafter(similar_draft(0.5, seed=trial), beam=3, topk=2, depth=5,
+                         on_forward=jitter(rng), **opts) as card:
+            out, steps, _ = run(card, GREEDY, delay=0.002)
+            assert out == plain
+            drafted += sum(s.drafted for s in steps)
+            if opts.get("verify") == "chain":
+                assert all(s.drafted <= 8 for s in steps)
+    assert drafted > 0
+    with pytest.raises(DraftwiseError, match="card verify must be one of tree, chain"):
+        CardDrafter(similar_draft(), verify="wide")

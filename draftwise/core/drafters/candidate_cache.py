@@ -86,14 +86,19 @@ class Snapshot:
             node = int(hits[0])
         return node
 
-    def query(self, context: np.ndarray, budget: int) -> tuple[DraftTree, np.ndarray]:
+    def query(
+        self, context: np.ndarray, budget: int, chain: bool = False
+    ) -> tuple[DraftTree, np.ndarray]:
         """The ``budget`` best nodes by path score below the node matching ``context``'s
         last token, as a DraftTree, with each node's draft probability (N,). Empty on a
         miss. Ties go to the shallower node, so the chosen nodes always include their
-        ancestors (a child's score never exceeds its parent's)."""
+        ancestors (a child's score never exceeds its parent's). ``chain``: the best path
+        instead (CARD's target verifies one sequence): the best child, repeatedly."""
         node = self.find(np.asarray(context, np.int64))
         if node < 0 or budget <= 0:
             return DraftTree.empty(), np.zeros(0)
+        if chain:
+            return self._best_path(node, budget)
         inside = subtree_mask(self.parents, node)
         inside[node] = False
         cand = np.flatnonzero(inside)
@@ -108,6 +113,18 @@ class Snapshot:
         if np.any(new_parents[parents != node] < 0):  # cannot happen: see the docstring
             raise DraftwiseError("internal: best candidates do not form a subtree")
         return DraftTree(self.tokens[chosen], new_parents), np.exp(self.logp[chosen])
+
+
+    def _best_path(self, node: int, budget: int) -> tuple[DraftTree, np.ndarray]:
+        path: list[int] = []
+        while len(path) < budget:
+            kids = np.flatnonzero(self.parents == node)
+            if not kids.size:
+                break
+            node = int(kids[np.argmax(self.score[kids])])  # first of equals: creation order
+            path.append(node)
+        idx = np.asarray(path, np.int64)
+        return DraftTree.chain(self.tokens[idx].tolist()), np.exp(self.logp[idx])
 
 
 class CandidateCache:

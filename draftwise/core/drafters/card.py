@@ -42,6 +42,9 @@ from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
 
 
+VERIFY = ("tree", "chain")  # the target verifies the best subtree, or CARD's best path
+
+
 class _Worker:
     """The draft thread and everything it shares with the target (the post box)."""
 
@@ -50,6 +53,7 @@ class _Worker:
                  on_forward: Callable[[], None] | None) -> None:
         self.lm, self.make_cache = lm, make_cache
         self.thread_init, self.on_forward = thread_init, on_forward
+        self.correct = True  # False: the ablation of seed 002 Table 2 (no correction)
         self.cv = threading.Condition()
         self.posted: np.ndarray | None = None  # newest context from the target
         self.reset_asked = False
@@ -103,7 +107,10 @@ class _Worker:
                     cache = None
                 if context is not None:
                     cache = cache or self.make_cache()
-                    if cache.sync(self.lm, context):
+                    if not self.correct and cache.context is not None \
+                            and cache.snapshot().find(context) >= 0:
+                        pass  # ablation "query, don't correct": keep growing the old tree
+                    elif cache.sync(self.lm, context):
                         self.hits += 1
                     else:
                         self.misses += 1
@@ -122,6 +129,10 @@ class _Worker:
 class CardDrafter:
     """CARD's query-and-correct drafting with a worker thread; see the module docstring.
 
+    ``verify="chain"`` hands the target CARD's best path instead of the best subtree;
+    ``correct=False`` is the paper's ablation (the cache is queried, never corrected
+    while the target's tokens stay inside it; a miss still restarts it).
+
     ``thread_init`` runs first in the worker (e.g. to give torch one thread there);
     ``on_forward`` runs before each draft forward (tests inject random delays with it).
     """
@@ -135,14 +146,20 @@ class CardDrafter:
         topk: int = 4,
         depth: int = 8,
         max_nodes: int = 512,
+        verify: str = "tree",
+        correct: bool = True,
         thread_init: Callable[[], None] | None = None,
         on_forward: Callable[[], None] | None = None,
     ) -> None:
         CandidateCache(beam, topk, depth, max_nodes)  # checks the options now
+        if verify not in VERIFY:
+            raise DraftwiseError(f"card verify must be one of {', '.join(VERIFY)}, got {verify!r}")
         self.lm = lm
+        self.chain = verify == "chain"
         self._worker = _Worker(
             lm, lambda: CandidateCache(beam, topk, depth, max_nodes), thread_init, on_forward
         )
+        self._worker.correct = correct
         # A drafter dropped without close() still stops its worker.
         self._finalizer = weakref.finalize(self, self._worker.stop)
         self.last_probs = np.zeros(0)
@@ -165,7 +182,7 @@ class CardDrafter:
         snap = self._worker.snapshot
         if snap is None:
             return DraftTree.empty()
-        tree, self.last_probs = snap.query(np.asarray(context, np.int64), budget)
+        tree, self.last_probs = snap.query(np.asarray(context, np.int64), budget, self.chain)
         return tree
 
     def update(self, context: np.ndarray, n_new: int) -> None:
