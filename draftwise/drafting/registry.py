@@ -202,7 +202,7 @@ register(DrafterEntry(
     _DRAFT_MODEL_OPTIONS + _tree_options(8, 4, 8) + (
         Option("verify", str, "tree", "target verifies the best subtree or CARD's best chain",
                choices=VERIFY, remote=False),
-        Option("correct", bool, True, "correct the cache with the target's tokens (ablation: false)",
+        Option("correct", bool, True, "correct the cache (false: ablation)",
                remote=False),
         Option("threads", int, 1, "torch threads of the draft worker", low=1, high=256,
                remote=False),

@@ -41,7 +41,6 @@ from draftwise.core.drafters.candidate_cache import CandidateCache, Snapshot
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
 
-
 VERIFY = ("tree", "chain")  # the target verifies the best subtree, or CARD's best path
 
 
