@@ -25,11 +25,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "decoding in low precision (default: on for torch bf16 on CPU)")
 
 
-def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
+def add_drafter_args(
+    p: argparse.ArgumentParser, default: str = "auto", draft_model: bool = True
+) -> None:
+    """``--drafter``, ``--budget`` and (unless the app has its own) ``--draft-model``."""
     p.add_argument("--drafter", default=default,
                    help=f"drafter: {', '.join(drafter_names())} (default: {default})")
     p.add_argument("--budget", type=int, default=16,
                    help="draft tree size in tokens, excluding the root (default: 16)")
+    if not draft_model:
+        return
     p.add_argument("--draft-model", default=None, metavar="PATH",
                    help="draft model for --drafter draft or card: a local HF directory or .gguf "
                         "with the model's tokenizer (default: the model's own first layers)")

@@ -82,7 +82,7 @@ def setup_arg_parser(p: argparse.ArgumentParser | None = None) -> argparse.Argum
         action="store_true",
         help="accepted for mlx-lm scripts; draftwise never runs model code",
     )
-    add_drafter_args(p)
+    add_drafter_args(p, draft_model=False)  # --draft-model is mlx-lm's, above
     return p
 
 

@@ -22,6 +22,7 @@ Keywords beyond mlx-lm's: ``drafter`` (a draftwise drafter spec, default ``"auto
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -72,17 +73,32 @@ def draft_model_drafter(draft_model: Any, num_draft_tokens: int | None = None) -
     None when no draft model is given (``num_draft_tokens`` then means nothing, as in
     mlx-lm). The one place where draft models get wired to draftwise's draft-model drafter.
 
+    A draft model (a path, or a model from ``load``) drafts a greedy chain of
+    ``num_draft_tokens`` (mlx-lm's default 2) with draftwise's ``draft`` drafter; its
+    tokenizer must be the target's (checked when the drafter is built).
+
     Example::
 
         >>> draft_model_drafter(None, 3) is None
         True
+        >>> draft_model_drafter("/models/draft", 3)
+        'draft:model=/models/draft,beam=1,topk=1,depth=3'
     """
     if draft_model is None:
         return None
-    raise DraftwiseError(
-        f"draft models are not supported yet (draft_model={_short(draft_model)}): "
-        "leave draft_model out to use draftwise's own drafters (drafter='auto' by default)"
-    )
+    model_dir = getattr(draft_model, "model_dir", None)  # a model from draftwise's load()
+    path = os.fspath(model_dir if model_dir is not None else draft_model) \
+        if isinstance(model_dir or draft_model, (str, os.PathLike)) else None
+    if path is None:
+        raise DraftwiseError(
+            f"draft_model must be a path or a model from load(), got {_short(draft_model)}"
+        )
+    if any(c in path for c in ",+:=") or not path.strip():
+        raise DraftwiseError(f"draft_model path {path!r} may not contain ',', '+', ':' or '='")
+    n = 2 if num_draft_tokens is None else num_draft_tokens
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
+        raise DraftwiseError(f"num_draft_tokens must be an integer in 1..64, got {n!r}")
+    return f"draft:model={path},beam=1,topk=1,depth={n}"
 
 
 def stream_generate(

@@ -28,8 +28,7 @@ def setup_arg_parser(p: argparse.ArgumentParser | None = None) -> argparse.Argum
         prog="python -m draftwise.mlx_lm.server",
         description="OpenAI-compatible server with mlx-lm's flags on draftwise's lossless engine.",
     )
-    serve.setup_arg_parser(p)
-    p.add_argument("--draft-model", default=None, help="draft model for speculative decoding")
+    serve.setup_arg_parser(p)  # has --draft-model (draftwise serve's, the same meaning)
     p.add_argument(
         "--num-draft-tokens", type=int, default=3, help="tokens the draft model drafts per step"
     )

@@ -25,11 +25,11 @@ def module(name: str, *args: str) -> subprocess.CompletedProcess[str]:
         ("generate", ["--max-tokens", "abc"], "argument --max-tokens/-m: invalid int value: 'abc'"),
         ("generate", ["--temp", "hot"], "argument --temp: invalid float value: 'hot'"),
         ("generate", ["--kv-bits", "4"], "unrecognized arguments: --kv-bits 4"),
-        ("generate", ["--draft-model", "/models/tiny"], "draft models are not supported yet"),
+        ("generate", ["--draft-model", "/models/tiny"], "model not found: '/models/tiny'"),
         ("generate", ["--xtc-probability", "0.5"], "unrecognized arguments"),
         ("generate", ["--min-p", "0.1", "--min-tokens-to-keep", "3"], "min_tokens_to_keep=3"),
         ("server", ["--port", "http"], "argument --port: invalid int value: 'http'"),
-        ("server", ["--draft-model", "/models/tiny"], "draft models are not supported yet"),
+        ("server", ["--draft-model", "/models/tiny"], "model not found: '/models/tiny'"),
     ],
 )
 def test_mistakes_print_one_line(name, args, needle):
@@ -65,8 +65,11 @@ def test_server_maps_flags_onto_draftwise_serve(monkeypatch):
         64,
     )
     assert args.drafter == "auto" and args.num_draft_tokens == 3
-    with pytest.raises(DraftwiseError, match="draft models are not supported yet"):
-        server.main(server.setup_arg_parser().parse_args(["--draft-model", "d"]))
+    server.main(server.setup_arg_parser().parse_args(["--draft-model", "d"]))
+    assert seen["args"].drafter == "auto"  # setdefault kept the first call's args
+    seen.clear()
+    server.main(server.setup_arg_parser().parse_args(["--draft-model", "d"]))
+    assert seen["args"].drafter == "draft:model=d,beam=1,topk=1,depth=3"
 
 
 def test_generate_module_is_callable_as_the_function():

@@ -145,7 +145,7 @@ def test_tokenizer_wrapper(tokenizer):  # type: ignore[no-untyped-def]
         (dict(max_kv_size=512), "max_kv_size=512: a rotating KV cache is not supported"),
         (
             dict(draft_model="/models/draft"),
-            "draft models are not supported yet (draft_model='/models/draft')",
+            "model not found: '/models/draft'",
         ),
         (dict(max_tokens=-1), "max_tokens must be >= 1, got -1"),
         (dict(drafter="bogus"), "unknown drafter 'bogus'"),
@@ -191,3 +191,16 @@ def test_main_api_keywords(torch_model):  # type: ignore[no-untyped-def]
     assert draftwise.generate(
         torch_model, "Hi", temperature=0.0, max_tokens=4
     ) == draftwise.generate(torch_model, "Hi", max_tokens=4)
+
+
+def test_draft_model_drafts_a_chain(torch_model, tokenizer, chat_ids, default_model_dir):  # type: ignore[no-untyped-def]
+    """mlx-lm's ``draft_model=`` (a path or a loaded model) and ``num_draft_tokens=``:
+    the draft drafts a greedy chain; the text equals plain decoding."""
+    plain = generate(torch_model, tokenizer, chat_ids, max_tokens=12, drafter="none")
+    responses = list(stream_generate(torch_model, tokenizer, chat_ids, max_tokens=12,
+                                     draft_model=str(default_model_dir), num_draft_tokens=3))
+    assert "".join(r.text for r in responses) == plain
+    assert any(r.from_draft for r in responses)  # the model drafting for itself is right
+    assert generate(torch_model, tokenizer, chat_ids, max_tokens=12, draft_model=torch_model) == plain
+    with pytest.raises(DraftwiseError, match="draft_model must be a path or a model from load"):
+        generate(torch_model, tokenizer, chat_ids, draft_model=3.5)
