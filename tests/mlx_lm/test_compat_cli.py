@@ -7,8 +7,6 @@ import sys
 
 import pytest
 
-from draftwise.errors import DraftwiseError
-
 
 def module(name: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

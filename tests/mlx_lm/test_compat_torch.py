@@ -201,6 +201,7 @@ def test_draft_model_drafts_a_chain(torch_model, tokenizer, chat_ids, default_mo
                                      draft_model=str(default_model_dir), num_draft_tokens=3))
     assert "".join(r.text for r in responses) == plain
     assert any(r.from_draft for r in responses)  # the model drafting for itself is right
-    assert generate(torch_model, tokenizer, chat_ids, max_tokens=12, draft_model=torch_model) == plain
+    loaded = generate(torch_model, tokenizer, chat_ids, max_tokens=12, draft_model=torch_model)
+    assert loaded == plain
     with pytest.raises(DraftwiseError, match="draft_model must be a path or a model from load"):
         generate(torch_model, tokenizer, chat_ids, draft_model=3.5)
