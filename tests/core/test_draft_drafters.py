@@ -141,6 +141,10 @@ def test_card_worker_stops_on_close_error_and_gc():
             run(card, GREEDY, n=3)
             time.sleep(0.005)
     assert not card.worker_alive
+    card.lm.expand = FakeDraftLM.expand.__get__(card.lm)  # the device is back
+    card.reset()  # clears the error: the next generation starts a new worker
+    out, _, _ = run(card, GREEDY, n=5)
+    assert card.worker_alive
     card.close()
     assert threading.active_count() == before
 

@@ -169,6 +169,9 @@ class CardDrafter:
             raise DraftwiseError(f"the CARD draft worker failed: {err!r}") from err
 
     def reset(self) -> None:
+        """Forget the cache; after a worker error, the next ``begin`` starts a new one."""
+        if self._worker.error is not None and not self.worker_alive:
+            self._worker.error = None
         self._worker.post(None, reset=True)
 
     def begin(self, prompt: np.ndarray) -> None:
