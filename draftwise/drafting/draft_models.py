@@ -104,15 +104,20 @@ def build_draft(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
 
 
 def build_card(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
-    """``card``: the draft model in a worker thread (torch), one torch thread there."""
+    """``card``: the draft model in a worker thread (torch): ``threads`` torch CPU threads
+    there, and on CUDA a stream of its own (torch's current stream is per thread), so its
+    forwards overlap the target's instead of queueing behind them (untested on a GPU)."""
     if ctx.backend is not None and ctx.backend.name.startswith("mlx"):
         raise DraftwiseError("card runs on the torch backend so far (on MLX use 'draft')")
     threads = opts.pop("threads", 1)
     lm = _lm(ctx, opts)
+    cuda = ctx.backend is not None and ctx.backend.name.startswith("torch-cuda")
 
     def thread_init() -> None:
         import torch
 
         torch.set_num_threads(threads)  # per thread: the target keeps its own count
+        if cuda:
+            torch.cuda.set_stream(torch.cuda.Stream())
 
     return CardDrafter(lm, thread_init=thread_init, **opts)
