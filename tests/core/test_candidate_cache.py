@@ -187,3 +187,16 @@ def test_chain_query_is_the_best_child_repeatedly():
         kids = np.flatnonzero(snap.parents == node)
         node = int(kids[np.argmax(snap.score[kids])])
         assert snap.tokens[node] == tok
+
+
+def test_context_beyond_the_draft_limit_stops_drafting():
+    """A draft model with a shorter context than the target's drafts nothing past it
+    (instead of failing the generation), and drafts again on a shorter context."""
+    lm = FakeDraftLM(vocab_size=5, seed=1, context_limit=12)
+    cache = CandidateCache(2, 2, 3)
+    long_ctx = np.arange(12) % 5
+    assert not cache.sync(lm, long_ctx)
+    assert not cache.can_grow(lm) and lm.cached == []
+    assert len(cache.snapshot().query(long_ctx, 8)[0]) == 0
+    cache.sync(lm, CONTEXT)
+    assert cache.grow(lm) and lm.cached == CONTEXT[:-1].tolist()

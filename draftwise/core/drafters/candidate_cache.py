@@ -166,6 +166,11 @@ class CandidateCache:
         else:
             cached = old[:-1] if old is not None else context[:0]
             lm.trim(min(_common_prefix(cached, context[:-1]), lm.cache_len))
+        if context.size >= lm.context_limit:  # a draft with a shorter context: stop drafting
+            lm.trim(0)
+            self.context = None
+            self._new_tree(0)
+            return False
         if context.size - 1 > lm.cache_len:
             lm.prefill(context[lm.cache_len : -1])
         self.context = context.copy()
