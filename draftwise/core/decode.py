@@ -73,6 +73,9 @@ class Decoder:
 
     def _prefill(self, prompt: np.ndarray) -> None:
         """Bring the cache to ``prompt[:-1]``, reusing the longest cached prefix."""
+        # Trust only what the backend still holds: a caller that reset or trimmed the
+        # backend directly (a profile measurement, a table build, a test) shortened it.
+        self.cached = self.cached[: self.backend.cache_len]
         keep = common_prefix(self.cached, prompt[:-1])
         if self.prefixes is not None and isinstance(self.backend, Snapshots):
             if self._owner != self.prefix_key:

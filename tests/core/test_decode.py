@@ -133,6 +133,21 @@ def test_early_stop_leaves_cache_consistent_and_reused():
     assert out2 == fresh
 
 
+def test_backend_reset_behind_the_decoders_back_is_noticed():
+    """Someone drove the backend directly (a profile, a table build) and reset it: the
+    next generation must prefill again, not trust its stale record of the cache."""
+    be = FakeBackend(vocab_size=6)
+    dec = Decoder(be)
+    prompt = [1, 2, 3, 4, 5]
+    first = [t for s in dec.steps(prompt, NoDrafter(), SamplingParams(), 6) for t in s.tokens]
+    be.reset()
+    be.prefill(np.array([5, 5]))  # and even left something else there
+    be.trim(0)
+    again = [t for s in dec.steps(prompt, NoDrafter(), SamplingParams(), 6) for t in s.tokens]
+    assert be.cache == dec.cached == prompt + again[:-1]  # what is cached is what was read
+    assert again == first
+
+
 def test_input_errors():
     be = FakeBackend(context_limit=16)
     dec = Decoder(be)

@@ -114,4 +114,4 @@ def test_default_model_table_equals_its_own_topk(torch_model):
         be.commit(np.array([0]))
         assert row[0] == out.argmax[0]
         assert row.tolist() == np.argsort(-out.logits[0], kind="stable")[:10].tolist()
-    be.reset()
+    torch_model.decoder.reset()  # the backend was driven directly: tell the decoder
