@@ -103,7 +103,8 @@ class TorchBackend(CacheBook, BatchMixin):
         cfg = read_llama_config(model_dir)
         cap = max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE
         limit = min(cfg.max_positions, cap)
-        model = Llama(cfg, read_weights(Path(model_dir)), DTYPES[dtype], dev, limit)
+        cache_dtype = torch.float32 if inv else None  # see Llama: read as it lies
+        model = Llama(cfg, read_weights(Path(model_dir)), DTYPES[dtype], dev, limit, cache_dtype)
         return cls(model, limit, inv)
 
     # ----- saved prefixes (core/prefixes.py) ------------------------------------------

@@ -51,7 +51,7 @@ def early_exit(model: Llama, n_layers: int, max_cache_len: int, head: int = 0) -
         out.cos, out.sin = rope_tables(cfg, max_cache_len, model.dtype, model.device)
     out.cache = torch.zeros(
         (n_layers, 2, cfg.n_kv_heads, max_cache_len, cfg.head_dim),
-        dtype=model.dtype,
+        dtype=model.cache_dtype,
         device=model.device,
     )  # (L, 2, H_kv, T_max, D)
     return out

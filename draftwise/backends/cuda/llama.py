@@ -194,8 +194,13 @@ class Llama:
         dtype: torch.dtype,
         device: torch.device,
         max_cache_len: int,
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
         self.cfg, self.dtype, self.device = cfg, dtype, device
+        # The batch-invariant mode keeps K/V in float32 (values the compute dtype can
+        # represent, so nothing changes numerically): its float32 attention then reads
+        # the cache as it lies instead of converting the whole prefix every layer.
+        self.cache_dtype = cache_dtype or dtype
         self.n_rep = cfg.n_heads // cfg.n_kv_heads
 
         def take(name: str) -> torch.Tensor:
@@ -245,16 +250,21 @@ class Llama:
             self.max_cache_len = max_cache_len
             self.cache = torch.zeros(
                 (cfg.n_layers, 2, cfg.n_kv_heads, max_cache_len, cfg.head_dim),
-                dtype=dtype,
+                dtype=self.cache_dtype,
                 device=device,
             )  # (L, 2, H_kv, T_max, D)
 
     @classmethod
     def load(
-        cls, model_dir: str | Path, dtype: torch.dtype, device: torch.device, max_cache_len: int
+        cls,
+        model_dir: str | Path,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_cache_len: int,
+        cache_dtype: torch.dtype | None = None,
     ) -> Llama:
         cfg = read_llama_config(model_dir)
-        return cls(cfg, read_weights(Path(model_dir)), dtype, device, max_cache_len)
+        return cls(cfg, read_weights(Path(model_dir)), dtype, device, max_cache_len, cache_dtype)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: (T, H, D); cos/sin: (T, 1, D). rotate_half convention, as in transformers.
@@ -307,8 +317,9 @@ class Llama:
             if plan is not None:
                 o = block_attention(q, kv, plan, rep).to(x.dtype)  # (T, H D)
             else:
-                keys = kv[0, :, :end].unsqueeze(0)  # (1, H_kv, S, D)
-                values = kv[1, :, :end].unsqueeze(0)  # (1, H_kv, S, D)
+                # (a no-op cast unless the cache is kept in float32: invariant prefill)
+                keys = kv[0, :, :end].unsqueeze(0).to(q.dtype)  # (1, H_kv, S, D)
+                values = kv[1, :, :end].unsqueeze(0).to(q.dtype)  # (1, H_kv, S, D)
                 # GQA without repeating K/V: the rep query heads sharing a kv head become
                 # rep * T query rows of that head (HF's repeat_kv: q head j -> kv j // rep).
                 qg = q.reshape(1, hkv, rep * t, d)  # (1, H_kv, rep T, D)
