@@ -24,13 +24,15 @@ BLOCK = 64  # logical key positions per attention block
 
 
 def key_blocks(
-    committed: int, rows: Sequence[Sequence[int]], block: int = BLOCK
+    committed: int, rows: Sequence[Sequence[int]], block: int = BLOCK, share: bool = True
 ) -> tuple[int, np.ndarray, np.ndarray]:
     """``rows[i]``: the cache slots at or after ``committed`` that row i sees (its tree
     ancestors and itself, in depth order). Returns ``(shared, tail_idx, tail_ok)``:
     ``shared`` keys in whole blocks below ``committed``, and per row the slots of the rest
-    of its list, (T, nT * block) int64, with ``tail_ok`` False on padding (slot 0)."""
-    shared = (committed // block) * block
+    of its list, (T, nT * block) int64, with ``tail_ok`` False on padding (slot 0).
+    ``share=False``: no shared part (``shared`` = 0), every row's whole list is gathered;
+    the blocks, and so the arithmetic per block, are the same either way."""
+    shared = (committed // block) * block if share else 0
     lens = [committed - shared + len(r) for r in rows]
     width = -(-max(lens) // block) * block
     idx = np.zeros((len(rows), width), np.int64)  # (T, nT B); padding reads slot 0

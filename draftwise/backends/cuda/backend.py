@@ -166,7 +166,8 @@ class TorchBackend(CacheBook, BatchMixin):
 
     def _verify_invariant(self, host: np.ndarray, need_logits: bool) -> Verified:
         """``verify`` in batch-invariant mode: chunks of at most MAX_ROWS rows, padded to
-        ``min_rows`` with copies of the chunk's first row (their K/V is not written)."""
+        ``min_rows`` with copies of the chunk's first row (their K/V is not written, their
+        attention not computed: only the linear layers see them)."""
         n1, start = host.shape[0], self._len
         # Row i sees the cache, then its ancestors and itself among the new slots.
         vis = host[:, 2:].astype(bool) if n1 > 1 else np.ones((1, 1), bool)  # (N+1, N+1)
@@ -177,7 +178,8 @@ class TorchBackend(CacheBook, BatchMixin):
             for c0 in range(0, n1, MAX_ROWS):
                 c1 = min(n1, c0 + MAX_ROWS)
                 sel = list(range(c0, c1)) + [c0] * max(0, pad - (c1 - c0))
-                plan = make_plan(start, [rows[i] for i in sel], self.device)
+                # padding rows need no attention of their own (see block_attention)
+                plan = make_plan(start, rows[c0:c1], self.device)
                 ids = torch.from_numpy(host[sel, :2]).to(self.device)  # (R, 2)
                 logits = self.model.forward(
                     ids[:, 0], ids[:, 1], start + c0, None, True, plan=plan, n_write=c1 - c0

@@ -124,3 +124,29 @@ def test_bf16_cacheback_equals_plain_on_specbench(default_model_dir):
 
     rows = one_per_category(bench_prompts(), ["coding", "summarization", "math_reasoning", "qa"])
     _assert_bf16_identical(default_model_dir, [(r["id"], r["turns"][0]) for r in rows], 64)
+
+
+@pytest.mark.parametrize("committed", [30, 64, 200, 700])
+def test_gathered_and_shared_attention_give_the_same_bits(committed, monkeypatch):
+    """The plan gathers every row's whole key list when the rows see few keys in all and
+    shares the committed blocks otherwise: the blocks are the same, so are the bits."""
+    import draftwise.backends.cuda.invariant as inv
+
+    rng = torch.Generator().manual_seed(committed)
+    kv = torch.randn(2, 3, 1024, 64, generator=rng)  # (2, H_kv, T_max, D)
+    rows = [[committed], [committed, committed + 1], [committed, committed + 2]]
+    q = torch.randn(9, len(rows) + 1, 64, generator=rng).bfloat16()  # + 1 padding row
+    monkeypatch.setattr(inv, "GATHER_ALL_KEYS", 10**9)
+    gathered = inv.make_plan(committed, rows, torch.device("cpu"))
+    monkeypatch.setattr(inv, "GATHER_ALL_KEYS", 0)
+    shared = inv.make_plan(committed, rows, torch.device("cpu"))
+    assert gathered.shared == 0 and shared.shared == (committed // 64) * 64
+    a = inv.block_attention(q, kv, gathered, rep=3)  # (T + 1, H D)
+    b = inv.block_attention(q, kv, shared, rep=3)
+    assert torch.equal(a, b)
+    assert torch.equal(a[-1], a[0])  # the padding row repeats row 0
+    # each row alone (plain-step shape) gives its bits inside the batch too
+    for i, r in enumerate(rows):
+        plan = inv.make_plan(committed, [r], torch.device("cpu"))
+        alone = inv.block_attention(q[:, i : i + 1], kv, plan, rep=3)  # (1, H D)
+        assert torch.equal(alone[0], a[i])
