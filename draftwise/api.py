@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from draftwise.backends.select import BACKENDS, make_backend
+from draftwise.backends.select import BACKENDS, make_backend, resolve_backend_name
 from draftwise.core.backend import Backend
 from draftwise.core.decode import Decoder
 from draftwise.core.drafters import Drafter
@@ -165,8 +165,52 @@ def load(
     """Load a model: ``None`` for the embedded default, a local HF-format directory, or a
     GGUF file (converted once into the cache). ``backend``: auto, torch, cuda or mlx."""
     model_dir = resolve_model(model)
+    if dtype is None and resolve_backend_name(backend) == "torch":
+        dtype, invariant = _recorded_torch_mode(invariant)
     be = make_backend(backend, model_dir, dtype, invariant)
     return Model(be, Tokenizer.from_dir(model_dir), model_dir)
+
+
+def _recorded_torch_mode(invariant: bool | str) -> tuple[str | None, bool | str]:
+    """The mode ``draftwise tune --modes`` recorded for this device, if any: (dtype,
+    invariant); else (None, ``invariant``) and the backend's built-in rule applies."""
+    from draftwise.backends.cuda.modes import mode_key
+    from draftwise.drafting.assets import recorded_mode
+
+    entry = recorded_mode(mode_key())
+    if entry is None:
+        return None, invariant
+    inv = invariant if invariant != "auto" else bool(entry.get("invariant", "auto"))
+    return str(entry["dtype"]), inv
+
+
+def measure_modes(
+    model: str | os.PathLike[str] | None = None, reps: int = 3
+) -> tuple[dict[str, dict[int, float]], str, Path]:
+    """Measure every lossless torch mode's verify-cost curve on this device (each stored
+    as ``draftwise tune`` stores one), record the cheapest as this device's default, and
+    return ``(ms per mode per row count at the first context, the pick, the record)``.
+
+    Example::
+
+        ms, pick, path = measure_modes(reps=5)   # e.g. pick == "bfloat16-invariant"
+    """
+    from draftwise.backends.cuda.modes import LOSSLESS_MODES, mode_key, mode_name, pick_mode
+    from draftwise.drafting.assets import record_mode
+
+    table: dict[str, dict[int, float]] = {}
+    modes: dict[str, tuple[str, bool]] = {}
+    for dtype, inv in LOSSLESS_MODES:
+        m = load(model, backend="torch", dtype=dtype, invariant=inv)
+        cost = m.assets.measure_cost_profile(reps=reps)
+        name = mode_name(dtype, inv)
+        table[name] = {int(r): float(t) for r, t in zip(cost.rows, cost.ms[0])}
+        modes[name] = (dtype, inv)
+        del m  # one model in memory at a time
+    pick = pick_mode(table)
+    dtype, inv = modes[pick]
+    path = record_mode(mode_key(), {"dtype": dtype, "invariant": inv, "ms": table})
+    return table, pick, path
 
 
 # Names other libraries use for our keywords (transformers, OpenAI, mlx-lm).

@@ -23,6 +23,12 @@ def setup_arg_parser(p: argparse.ArgumentParser | None = None) -> argparse.Argum
     p.add_argument("--reps", type=int, default=3, help="timed repeats per point (default: 3)")
     p.add_argument("--show", action="store_true", help="print the stored profile; measure only if none")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
+    p.add_argument(
+        "--modes",
+        action="store_true",
+        help="measure every lossless torch mode (float32, bfloat16 invariant), record the "
+        "faster as this device's default (used when no --dtype is given)",
+    )
     return p
 
 
@@ -32,6 +38,8 @@ def main(args: argparse.Namespace) -> int:
 
     if args.reps < 1:
         raise DraftwiseError(f"--reps must be >= 1, got {args.reps}")
+    if args.modes:
+        return _modes(args)
     model = draftwise.load(
         args.model, backend=args.backend, dtype=args.dtype, invariant=args.invariant
     )
@@ -48,3 +56,23 @@ def main(args: argparse.Namespace) -> int:
     for j, r in enumerate(cost.rows.astype(int)):
         print(f"{r:8d}" + "".join(f"{cost.ms[i, j]:10.1f}ms" for i in range(len(cost.contexts))))
     return 0
+
+
+def _modes(args: argparse.Namespace) -> int:
+    from draftwise.api import measure_modes
+    from draftwise.errors import DraftwiseError
+
+    if args.dtype is not None or args.show or args.backend not in ("auto", "torch", "cuda"):
+        raise DraftwiseError("--modes measures the torch modes itself: drop --dtype/--show/--backend")
+    table, pick, path = measure_modes(args.model, reps=args.reps)
+    if args.json:
+        print(json.dumps({"ms": table, "pick": pick, "record": str(path)}))
+        return 0
+    rows = sorted(next(iter(table.values())))
+    print("ms per verify at the first profiled context, by rows".rjust(8))
+    print("mode".ljust(22) + "".join(f"{r:>9d}" for r in rows))
+    for name, ms in table.items():
+        print(name.ljust(22) + "".join(f"{ms[r]:9.1f}" for r in rows))
+    print(f"default mode on this device: {pick} (recorded in {path})")
+    return 0
+

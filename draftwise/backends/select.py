@@ -54,11 +54,12 @@ def make_backend(
     if concrete == "torch":
         if not _installed("torch"):
             raise DraftwiseError("backend 'torch' needs torch: pip install 'draftwise[torch]'")
-        from draftwise.backends.cuda.backend import TorchBackend
+        from draftwise.backends.cuda.backend import TorchBackend, _pick_device
+        from draftwise.backends.cuda.modes import default_dtype
 
-        return TorchBackend.from_pretrained(
-            model_dir, dtype=dtype or "float32", invariant=invariant
-        )
+        # no dtype named: the device's fastest lossless mode (see backends/cuda/modes.py)
+        dtype = dtype or default_dtype(_pick_device("auto"))
+        return TorchBackend.from_pretrained(model_dir, dtype=dtype, invariant=invariant)
     if not _installed("mlx"):
         raise DraftwiseError("backend 'mlx' needs mlx: pip install 'draftwise[mlx]'")
     from draftwise.backends.mlx.backend import MLXBackend  # type: ignore[import-not-found]

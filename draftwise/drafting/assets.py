@@ -188,3 +188,42 @@ class Assets:
         if asset == BIGRAM_TABLE:
             return self._bigram is not None or self.bigram_path().is_file()
         raise DraftwiseError(f"unknown asset {asset!r}")
+
+
+# ----- the default compute mode, as ``draftwise tune --modes`` measured it ----------------
+def modes_path(root: Path | None = None) -> Path:
+    return (root if root is not None else cache_dir()) / "profiles" / "default_mode.json"
+
+
+def recorded_mode(key: str, root: Path | None = None) -> dict[str, object] | None:
+    """The mode ``draftwise tune --modes`` recorded for device ``key``, or None."""
+    import json
+
+    path = modes_path(root)
+    try:
+        entry = json.loads(path.read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None  # none recorded (or unreadable): the built-in rule applies
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+        return None
+    return entry
+
+
+def record_mode(key: str, entry: dict[str, object], root: Path | None = None) -> Path:
+    """Store ``entry`` (dtype, invariant, measured ms) for device ``key``, atomically."""
+    import json
+
+    from draftwise.core.atomic import atomic_file
+
+    path = modes_path(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        table = json.loads(path.read_text())
+        table = table if isinstance(table, dict) else {}
+    except (OSError, ValueError):
+        table = {}
+    table[key] = entry
+    with atomic_file(path, "w") as f:
+        json.dump(table, f, indent=1)
+    return path
+

@@ -1,0 +1,62 @@
+"""The torch backend's default mode: the CPU-flag rule, the measured pick, and its record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import draftwise.api as api  # noqa: E402
+from draftwise.backends.cuda import modes  # noqa: E402
+from draftwise.drafting.assets import record_mode, recorded_mode  # noqa: E402
+
+
+def test_default_dtype_follows_the_bf16_flags(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(modes, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    assert modes.default_dtype(cpu) == "bfloat16"
+    assert modes.default_dtype(cuda) == "float32"
+    monkeypatch.setattr(modes, "cpu_flags", lambda: frozenset({"avx2", "amx_bf16"}))
+    assert modes.default_dtype(cpu) == "bfloat16"
+    monkeypatch.setattr(modes, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    assert modes.default_dtype(cpu) == "float32"
+
+
+def test_pick_mode_takes_the_cheaper_plain_step_plus_tree():
+    ms = {"float32": {1: 30.0, 8: 90.0}, "bfloat16-invariant": {1: 35.0, 8: 45.0}}
+    assert modes.pick_mode(ms) == "bfloat16-invariant"
+    ms["float32"] = {1: 20.0, 8: 40.0}
+    assert modes.pick_mode(ms) == "float32"
+    with pytest.raises(ValueError):
+        modes.pick_mode({})
+
+
+def test_record_round_trip_and_a_corrupt_record_is_ignored(tmp_path):
+    assert recorded_mode("cpu|X|x2", root=tmp_path) is None
+    path = record_mode("cpu|X|x2", {"dtype": "bfloat16", "invariant": True}, root=tmp_path)
+    record_mode("cpu|Y|x1", {"dtype": "float32", "invariant": False}, root=tmp_path)
+    assert recorded_mode("cpu|X|x2", root=tmp_path) == {"dtype": "bfloat16", "invariant": True}
+    assert json.loads(path.read_text())["cpu|Y|x1"]["dtype"] == "float32"
+    assert not list(path.parent.glob("*.tmp"))  # written atomically
+    path.write_text("{not json")
+    assert recorded_mode("cpu|X|x2", root=tmp_path) is None
+    path.write_text(json.dumps({"cpu|X|x2": {"dtype": 3}}))
+    assert recorded_mode("cpu|X|x2", root=tmp_path) is None
+
+
+def test_load_honours_a_recorded_mode(monkeypatch, default_model_dir):
+    import draftwise.drafting.assets as assets
+
+    monkeypatch.setattr(assets, "recorded_mode", lambda key: {"dtype": "float32", "invariant": False})
+    m = api.load(default_model_dir, backend="torch")
+    assert m.backend.device_info().dtype == "float32"
+    assert m.backend.device_info().mode == "normal"
+    monkeypatch.setattr(assets, "recorded_mode", lambda key: None)
+    monkeypatch.setattr(modes, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    m = api.load(default_model_dir, backend="torch")
+    assert (m.backend.device_info().dtype, m.backend.device_info().mode) == ("bfloat16", "invariant")
+    # an explicit dtype always wins over the record and the rule
+    m = api.load(default_model_dir, backend="torch", dtype="float32")
+    assert m.backend.device_info().dtype == "float32"
