@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,20 +105,42 @@ def build_draft(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
 
 
 def build_card(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
-    """``card``: the draft model in a worker thread (torch): ``threads`` torch CPU threads
-    there, and on CUDA a stream of its own (torch's current stream is per thread), so its
-    forwards overlap the target's instead of queueing behind them (untested on a GPU)."""
-    if ctx.backend is not None and ctx.backend.name.startswith("mlx"):
-        raise DraftwiseError("card runs on the torch backend so far (on MLX use 'draft')")
+    """``card``: the draft model in a worker thread with a compute stream of its own, so
+    its forwards overlap the target's instead of queueing behind them: torch with
+    ``threads`` CPU threads there (on CUDA its own stream, ``backends/cuda/streams.py``),
+    MLX on a new CPU stream made in that thread (the target keeps its own stream).
+    ``card.layout`` says which, in words, for the bench record."""
     threads = opts.pop("threads", 1)
     lm = _lm(ctx, opts)
-    cuda = ctx.backend is not None and ctx.backend.name.startswith("torch-cuda")
+    be = ctx.backend
+    if be is not None and be.name.startswith("mlx"):
+        init, layout = _mlx_worker(), "draft worker: own thread, own mlx cpu stream"
+    else:
+        init, layout = _torch_worker(threads, be)
+    card = CardDrafter(lm, thread_init=init, **opts)
+    card.layout = layout
+    return card
 
-    def thread_init() -> None:
-        import torch
 
+def _mlx_worker() -> Callable[[], None]:
+    from draftwise.backends.mlx.draft import enter_worker_stream  # type: ignore[import-not-found]
+
+    def init() -> None:
+        enter_worker_stream()
+
+    return init
+
+
+def _torch_worker(threads: int, be: Any) -> tuple[Callable[[], None], str]:
+    import torch
+
+    from draftwise.backends.cuda.streams import WorkerStream
+
+    # Made here, in the target's thread: on CUDA it records the target's stream.
+    ws = WorkerStream(getattr(be, "device", torch.device("cpu")))
+
+    def init() -> None:
         torch.set_num_threads(threads)  # per thread: the target keeps its own count
-        if cuda:
-            torch.cuda.set_stream(torch.cuda.Stream())
+        ws.enter()
 
-    return CardDrafter(lm, thread_init=thread_init, **opts)
+    return init, f"draft worker: own thread, torch {threads} thread(s), {ws.describe()}"

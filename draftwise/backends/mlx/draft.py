@@ -109,3 +109,18 @@ class MLXDraftLM(MLXBackend):
             mx.async_eval(self.model.cache_arrays())
         self._len += n_commit
         self._scratch = int(slots.size) - n_commit
+
+
+def enter_worker_stream() -> str:
+    """Run in CARD's worker thread: give it a new CPU stream as its default stream.
+
+    MLX streams belong to the thread that makes them (mlx >= 0.31.2: a stream's command
+    encoder and the default stream are thread-local), so the stream is made here, in the
+    worker, and the draft's lazy graphs and evals stay on it, apart from the target's.
+    The arrays the draft shares with the target (weights) are evaluated before the worker
+    starts; the draft's own KV cache is first built in this thread. Returns the stream in
+    words, e.g. ``'Stream(Device(cpu, 0), 2)'``.
+    """
+    stream = mx.new_stream(mx.cpu)
+    mx.set_default_stream(stream)
+    return str(stream)

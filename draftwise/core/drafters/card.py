@@ -155,6 +155,7 @@ class CardDrafter:
             raise DraftwiseError(f"card verify must be one of {', '.join(VERIFY)}, got {verify!r}")
         self.lm = lm
         self.chain = verify == "chain"
+        self.layout = "draft worker: own thread"  # refined by the builder, for the bench
         self._worker = _Worker(
             lm, lambda: CandidateCache(beam, topk, depth, max_nodes), thread_init, on_forward
         )
