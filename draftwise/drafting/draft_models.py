@@ -34,6 +34,7 @@ from draftwise.core.draft_lm import DraftLM
 from draftwise.core.drafters.base import Drafter
 from draftwise.core.drafters.card import CardDrafter
 from draftwise.core.drafters.draft_model import DraftModelDrafter
+from draftwise.core.draftplan import DraftPlanner
 from draftwise.drafting.context import DraftingContext
 from draftwise.errors import DraftwiseError
 from draftwise.models.resolve import check_architecture, read_config, resolve_model
@@ -93,15 +94,27 @@ def _mlx_draft(ctx: DraftingContext, draft_dir: Path | None, layers: int, limit:
     return MLXDraftLM(Llama(module, cfg, limit), be.vocab_size)  # type: ignore[no-any-return]
 
 
-def _lm(ctx: DraftingContext, opts: dict[str, Any]) -> DraftLM:
+def _lm(ctx: DraftingContext, opts: dict[str, Any], parallel: bool) -> DraftLM:
+    """The draft model, and with ``auto=true`` the planner (put in ``opts``) sizing its
+    trees from the target's verify curve and the draft's forward curve."""
     lm = opts.pop("lm", None)
     path, layers, head = opts.pop("model", None), opts.pop("layers", 8), opts.pop("head", 0)
-    return lm if lm is not None else build_draft_lm(ctx, path, layers, head)
+    lm = lm if lm is not None else build_draft_lm(ctx, path, layers, head)
+    if opts.pop("auto", False):
+        if ctx.assets is None:
+            raise DraftwiseError("auto=true needs a loaded target: use model.drafter(...)")
+        key = f"{path or 'early-exit'}|layers={layers}|head={head}|{lm.name}"
+        draft_cost = ctx.assets.draft_cost_profile(lm, key)  # type: ignore[arg-type]
+        opts["planner"] = DraftPlanner(
+            ctx.assets.cost_profile(), draft_cost, opts.get("beam", 4), opts.get("topk", 4),
+            opts.get("depth", 5), parallel=parallel,
+        )
+    return lm
 
 
 def build_draft(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     """``draft``: sequential drafting with a draft model (chain when beam=topk=1)."""
-    return DraftModelDrafter(_lm(ctx, opts), **opts)
+    return DraftModelDrafter(_lm(ctx, opts, parallel=False), **opts)
 
 
 def build_card(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
@@ -111,7 +124,7 @@ def build_card(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     MLX on a new CPU stream made in that thread (the target keeps its own stream).
     ``card.layout`` says which, in words, for the bench record."""
     threads = opts.pop("threads", 1)
-    lm = _lm(ctx, opts)
+    lm = _lm(ctx, opts, parallel=True)
     be = ctx.backend
     if be is not None and be.name.startswith("mlx"):
         init, layout = _mlx_worker(), "draft worker: own thread, own mlx cpu stream"

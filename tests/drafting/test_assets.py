@@ -69,3 +69,15 @@ def test_auto_through_a_context_uses_the_profile(tmp_path):
     assert auto.max_budget == 8 and auto.cost is assets.cost_profile()
     with pytest.raises(SpecError, match="needs this device's cost profile"):
         build_drafter("auto", DraftingContext.standalone())
+
+
+def test_draft_cost_profile_measured_once_per_draft_and_reused(tmp_path):
+    """The draft model's forward curve (``auto`` for draft/card) is stored per draft."""
+    assets = make_assets(tmp_path)
+    lm = FakeBackend(vocab_size=128, context_limit=512)  # measured like a target: verify
+    cost = assets.draft_cost_profile(lm, "early-exit|layers=4", quiet=True)
+    path = assets.draft_profile_path("early-exit|layers=4")
+    assert path.is_file() and cost.meta["draft"] == "early-exit|layers=4"
+    assert path != assets.draft_profile_path("early-exit|layers=8") != assets.profile_path()
+    again = make_assets(tmp_path).draft_cost_profile(lm, "early-exit|layers=4", quiet=True)
+    assert (again.ms == cost.ms).all() and list(again.rows) == [1, 2, 4, 8, 16]
