@@ -129,7 +129,7 @@ def build_card(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     if be is not None and be.name.startswith("mlx"):
         init, layout = _mlx_worker(), "draft worker: own thread, own mlx cpu stream"
     else:
-        init, layout = _torch_worker(threads, be)
+        init, layout = torch_worker(threads, getattr(be, "device", None))
     card = CardDrafter(lm, thread_init=init, **opts)
     card.layout = layout
     return card
@@ -144,16 +144,22 @@ def _mlx_worker() -> Callable[[], None]:
     return init
 
 
-def _torch_worker(threads: int, be: Any) -> tuple[Callable[[], None], str]:
+def torch_worker(threads: int, device: Any = None) -> tuple[Callable[[], None], str]:
+    """CARD's worker start on torch (``threads`` CPU threads, its own stream on CUDA)
+    and the layout in words. The same code runs on CPU, where the stream is a no-op.
+
+    Example: ``init, layout = torch_worker(1, torch.device("cpu"))``; ``layout`` is
+    ``'draft worker: own thread, torch 1 thread(s), cpu (no stream)'``."""
     import torch
 
     from draftwise.backends.cuda.streams import WorkerStream
 
     # Made here, in the target's thread: on CUDA it records the target's stream.
-    ws = WorkerStream(getattr(be, "device", torch.device("cpu")))
+    ws = WorkerStream(device if device is not None else torch.device("cpu"))
 
     def init() -> None:
         torch.set_num_threads(threads)  # per thread: the target keeps its own count
         ws.enter()
 
+    init.worker_stream = ws  # type: ignore[attr-defined]  # for tests
     return init, f"draft worker: own thread, torch {threads} thread(s), {ws.describe()}"
