@@ -162,6 +162,8 @@ class DraftPlanner:
         self.acc = AcceptanceModel(n_sources=1, max_depth=max(16, max_depth), max_rank=max(8, topk))
         self.last = DraftPlan(0, 0, 1.0, 1.0)
         self._plain = 0  # plain plans in a row
+        self.counts = {"plans": 0, "plain_plans": 0, "probes": 0, "planned_depth": 0,
+                       "planned_nodes": 0}  # totals over the drafter's life (bench stats)
         self._pending: deque[tuple[DraftTree, int]] = deque()  # (proposed tree, root index)
 
     def reset(self) -> None:
@@ -181,6 +183,12 @@ class DraftPlanner:
             plan = DraftPlan(self.max_depth, min(budget, self.max_depth * self.beam),
                              plan.tokens, plan.ms, probe=True)
         self.last = plan
+        c = self.counts
+        c["plans"] += 1
+        c["plain_plans"] += plan.depth == 0
+        c["probes"] += plan.probe
+        c["planned_depth"] += plan.depth
+        c["planned_nodes"] += plan.budget
         return plan
 
     def record(self, tree: DraftTree, context_len: int) -> None:

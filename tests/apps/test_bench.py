@@ -294,7 +294,8 @@ def test_thread_split_methods_set_their_threads_and_record_the_layout() -> None:
 
     assert split_threads("card:layers=8,correct=false@1") == ("card:layers=8,correct=false", 1)
     calls: list[int] = []
-    card = types.SimpleNamespace(layout="draft worker: own thread, torch 1 thread(s), cpu")
+    card = types.SimpleNamespace(layout="draft worker: own thread, torch 1 thread(s), cpu",
+                                 stats=lambda: {"forwards": 3, "hits": 1, "misses": 2})
     model = types.SimpleNamespace(
         backend=types.SimpleNamespace(name="torch-cpu-float32"),
         set_threads=calls.append,
@@ -306,6 +307,7 @@ def test_thread_split_methods_set_their_threads_and_record_the_layout() -> None:
         "draft:layers=8", 2, "card:layers=8,threads=1", 1)
     assert par.layout() == {"model_threads": 1, "draft_worker": card.layout}
     assert seq.layout() == {"model_threads": 2, "draft_worker": None}
+    assert par.stats() == {"forwards": 3, "hits": 1, "misses": 2} and seq.stats() == {}
     lines = _layout_lines({m.name: m.layout() for m in (seq, par)})
     assert "`card:layers=8,threads=1@1`: model 1 thread(s), draft worker" in lines[1]
     assert DraftwiseMethod(model, "none", {}).threads is None  # no split asked: untouched

@@ -89,6 +89,7 @@ def test_planner_learns_acceptance_and_probes_when_plain():
     plans = [planner.plan(100, 8) for _ in range(3)]
     assert [p.depth for p in plans[:2]] == [0, 0]  # the prior (p = 0.2) does not pay
     assert plans[2].probe and plans[2].depth == 4  # the third plain plan is a probe
+    assert planner.counts["probes"] == 1 and planner.counts["plain_plans"] == 2
     context = np.arange(300, dtype=np.int64)
     for end in range(100, 160, 4):  # a chain that is always right
         planner.record(DraftTree.chain(context[end : end + 4].tolist()), end)
@@ -114,6 +115,8 @@ def test_planned_drafters_stay_lossless_and_respect_the_budget(parallel):  # typ
             assert all(s.drafted <= 8 for s in steps)
             assert sum(s.drafted > 0 for s in steps) >= len(steps) // 2  # the plan drafts
         assert planner.plan(100, 8).depth >= 1  # learnt: the draft is mostly right
+        stats = drafter.stats()  # type: ignore[attr-defined]
+        assert stats["plans"] >= stats["plain_plans"] + 1 and stats["planned_depth"] > 0
     finally:
         if parallel:
             drafter.close()  # type: ignore[attr-defined]

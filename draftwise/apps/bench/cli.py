@@ -212,6 +212,9 @@ def main(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
+    # CARD's worker counters (draft forwards, cache hits and misses after correction)
+    state["drafter_stats"] = {m.name: m.stats() for m in methods
+                              if isinstance(m, DraftwiseMethod) and m.stats()}
     rows = _write(args.out, state, records, chat, complete=True)
     _plots(args.out, rows, records)
     for r in rows:

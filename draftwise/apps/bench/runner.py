@@ -96,6 +96,11 @@ class DraftwiseMethod:
         worker = getattr(self.model.drafter(self.spec), "layout", None)
         return {"model_threads": self.threads, "draft_worker": worker}
 
+    def stats(self) -> dict[str, int]:
+        """The drafter's own counters over the run, if it keeps any (CARD's worker)."""
+        stats = getattr(self.model.drafter(self.spec), "stats", None)
+        return dict(stats()) if callable(stats) else {}
+
     def reset_state(self) -> None:
         self.model.drafter(self.spec).reset()
 

@@ -219,7 +219,8 @@ class CardDrafter:
 
     def stats(self) -> dict[str, int]:
         w = self._worker
-        return {"forwards": w.forwards, "hits": w.hits, "misses": w.misses}
+        plan = self.planner.counts if self.planner is not None else {}
+        return {"forwards": w.forwards, "hits": w.hits, "misses": w.misses, **plan}
 
     def __enter__(self) -> CardDrafter:
         return self

@@ -79,6 +79,11 @@ class DraftModelDrafter:
             self.planner.record(tree, context.size)
         return tree
 
+    def stats(self) -> dict[str, int]:
+        """Draft forwards so far, and with ``auto`` the planner's totals."""
+        plan = self.planner.counts if self.planner is not None else {}
+        return {"forwards": self.forwards, **plan}
+
     def update(self, context: np.ndarray, n_new: int) -> None:
         # the next propose corrects the cache with the new tokens
         if self.planner is not None:
