@@ -127,7 +127,7 @@ def build_card(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     lm = _lm(ctx, opts, parallel=True)
     be = ctx.backend
     if be is not None and be.name.startswith("mlx"):
-        init, layout = _mlx_worker(), "draft worker: own thread, own mlx cpu stream"
+        init, layout = _mlx_worker(lm), "draft worker: own thread, own mlx cpu stream"
     else:
         init, layout = torch_worker(threads, getattr(be, "device", None))
     card = CardDrafter(lm, thread_init=init, **opts)
@@ -135,11 +135,11 @@ def build_card(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     return card
 
 
-def _mlx_worker() -> Callable[[], None]:
+def _mlx_worker(lm: DraftLM) -> Callable[[], None]:
     from draftwise.backends.mlx.draft import enter_worker_stream  # type: ignore[import-not-found]
 
     def init() -> None:
-        enter_worker_stream()
+        enter_worker_stream(lm)
 
     return init
 
