@@ -126,9 +126,11 @@ def build_card(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     threads = opts.pop("threads", 1)
     lm = _lm(ctx, opts, parallel=True)
     be = ctx.backend
+    init: Callable[[], None] | None = None
+    layout = "draft worker: own thread"  # a backend without streams or threads (tests)
     if be is not None and be.name.startswith("mlx"):
         init, layout = _mlx_worker(lm), "draft worker: own thread, own mlx cpu stream"
-    else:
+    elif be is not None and be.name.startswith("torch"):
         init, layout = torch_worker(threads, getattr(be, "device", None))
     card = CardDrafter(lm, thread_init=init, **opts)
     card.layout = layout
