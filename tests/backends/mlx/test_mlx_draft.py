@@ -86,3 +86,7 @@ def test_mlx_card_worker_stream_lossless_with_random_delays(mlx_model):  # type:
     assert card.stats()["forwards"] > 0 and card.worker_alive
     card.close()
     assert not card.worker_alive and threading.active_count() == before
+    # a new worker (new thread, new stream) rebuilds the draft cache in its own thread
+    assert greedy(mlx_model, prompt, spec).token_ids == plain
+    card.close()
+    assert threading.active_count() == before
