@@ -71,6 +71,9 @@ class DraftModelDrafter:
         if self.planner is not None:
             plan = self.planner.plan(context.size, budget)
             depth, budget = plan.depth, plan.budget
+            if depth == 0:  # a plain step: not even the draft's prefill (it catches up
+                self.last_probs = np.zeros(0)  # in one forward when drafting resumes)
+                return DraftTree.empty()
         self.cache.sync(self.lm, context)
         while depth > 0 and self.cache.grow(self.lm, max_depth=depth):
             self.forwards += 1
