@@ -126,6 +126,20 @@ class Model:
             close_drafter(self.drafters.popitem(last=False)[1])  # e.g. stop a worker thread
         return self.drafters[key]
 
+    def set_threads(self, n: int) -> int:
+        """CPU threads the model computes with in the calling thread (torch on CPU; the
+        bench uses it for thread splits); returns the previous count.
+        Example: ``old = model.set_threads(1)``."""
+        if not self.backend.name.startswith("torch-cpu"):
+            raise DraftwiseError(f"thread counts are set for torch on CPU only, not {self.backend.name!r}")
+        if n < 1:
+            raise DraftwiseError(f"threads must be >= 1, got {n}")
+        import torch
+
+        old = torch.get_num_threads()
+        torch.set_num_threads(n)
+        return old
+
     def close_drafters(self) -> None:
         """Release what the named drafters hold (CARD's worker threads); they restart on
         their next use."""

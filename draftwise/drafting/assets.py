@@ -45,6 +45,7 @@ from draftwise.models.paths import cache_dir
 
 PROFILE_VERSION = 2  # 2: keyed by the backend's own device description
 FIRST_USE_BUDGET_S = 20.0  # a first-use profile on a slow device (mlx[cpu]) is cut to this
+DRAFT_ROWS = (1, 2, 4, 8, 16)  # rows of one draft forward (a layer of <= beam nodes)
 TABLE_K = 20  # bigram top-k kept per token: the paper's useful k range is <= 25
 TABLE_BATCH = 512  # one-token rows per forward when building the bigram table
 COST_PROFILE, BIGRAM_TABLE = "cost_profile", "bigram_table"
@@ -128,6 +129,34 @@ class Assets:
     def use_cost_profile(self, cost: CostModel) -> None:
         """Plan with ``cost`` instead of measuring (replays, tests)."""
         self._cost = cost
+
+    # ----- draft model forward cost -------------------------------------------------------
+    def draft_profile_path(self, draft_key: str) -> Path:
+        """Where the forward cost curve of the draft model ``draft_key`` lives (per device,
+        backend, target model and draft: e.g. ``'early-exit|layers=8|head=0'``)."""
+        dev = self.device
+        key = f"v{PROFILE_VERSION}|{dev.key()}|{self.backend.name}|{self.model_dir.resolve()}"
+        digest = hashlib.sha256(f"{key}|{draft_key}".encode()).hexdigest()[:16]
+        name = f"draft-{self.model_dir.name}-{self.backend.name}-{digest}.json"
+        return self.root / "profiles" / name
+
+    def draft_cost_profile(self, lm: Backend, draft_key: str, quiet: bool = False) -> CostModel:
+        """The draft model's forward ms per tree rows (``auto`` sizes draft trees with it
+        and the target's ``cost_profile``): stored, or measured now (bounded, seconds)."""
+        path = self.draft_profile_path(draft_key)
+        if path.is_file():
+            try:
+                return CostModel.load(path)
+            except DraftwiseError as exc:
+                if not quiet:
+                    print(f"draftwise: {exc}; measuring again", file=sys.stderr)
+        meta = {"device": self.device.describe(), "backend": self.backend.name,
+                "model": str(self.model_dir), "draft": draft_key}
+        bar = self._bar("draftwise: measuring the draft model's cost", quiet)
+        cost = measure_cost_curve(lm, rows=DRAFT_ROWS, contexts=(256,), reps=3, progress=bar,
+                                  meta=meta, time_budget_s=FIRST_USE_BUDGET_S)
+        cost.save(path)
+        return cost
 
     # ----- bigram table -----------------------------------------------------------------
     def bigram_path(self) -> Path:

@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from draftwise.core.draft_lm import DraftLM
 from draftwise.core.drafters.base import Drafter
 from draftwise.core.drafters.card import CardDrafter
 from draftwise.core.drafters.draft_model import DraftModelDrafter
+from draftwise.core.draftplan import DraftPlanner
 from draftwise.drafting.context import DraftingContext
 from draftwise.errors import DraftwiseError
 from draftwise.models.resolve import check_architecture, read_config, resolve_model
@@ -92,32 +94,74 @@ def _mlx_draft(ctx: DraftingContext, draft_dir: Path | None, layers: int, limit:
     return MLXDraftLM(Llama(module, cfg, limit), be.vocab_size)  # type: ignore[no-any-return]
 
 
-def _lm(ctx: DraftingContext, opts: dict[str, Any]) -> DraftLM:
+def _lm(ctx: DraftingContext, opts: dict[str, Any], parallel: bool) -> DraftLM:
+    """The draft model, and with ``auto=true`` the planner (put in ``opts``) sizing its
+    trees from the target's verify curve and the draft's forward curve."""
     lm = opts.pop("lm", None)
     path, layers, head = opts.pop("model", None), opts.pop("layers", 8), opts.pop("head", 0)
-    return lm if lm is not None else build_draft_lm(ctx, path, layers, head)
+    lm = lm if lm is not None else build_draft_lm(ctx, path, layers, head)
+    if opts.pop("auto", False):
+        if ctx.assets is None:
+            raise DraftwiseError("auto=true needs a loaded target: use model.drafter(...)")
+        key = f"{path or 'early-exit'}|layers={layers}|head={head}|{lm.name}"
+        draft_cost = ctx.assets.draft_cost_profile(lm, key)  # type: ignore[arg-type]
+        opts["planner"] = DraftPlanner(
+            ctx.assets.cost_profile(), draft_cost, opts.get("beam", 4), opts.get("topk", 4),
+            opts.get("depth", 5), parallel=parallel,
+        )
+    return lm
 
 
 def build_draft(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     """``draft``: sequential drafting with a draft model (chain when beam=topk=1)."""
-    return DraftModelDrafter(_lm(ctx, opts), **opts)
+    return DraftModelDrafter(_lm(ctx, opts, parallel=False), **opts)
 
 
 def build_card(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
-    """``card``: the draft model in a worker thread (torch): ``threads`` torch CPU threads
-    there, and on CUDA a stream of its own (torch's current stream is per thread), so its
-    forwards overlap the target's instead of queueing behind them (untested on a GPU)."""
-    if ctx.backend is not None and ctx.backend.name.startswith("mlx"):
-        raise DraftwiseError("card runs on the torch backend so far (on MLX use 'draft')")
+    """``card``: the draft model in a worker thread with a compute stream of its own, so
+    its forwards overlap the target's instead of queueing behind them: torch with
+    ``threads`` CPU threads there (on CUDA its own stream, ``backends/cuda/streams.py``),
+    MLX on a new CPU stream made in that thread (the target keeps its own stream).
+    ``card.layout`` says which, in words, for the bench record."""
     threads = opts.pop("threads", 1)
-    lm = _lm(ctx, opts)
-    cuda = ctx.backend is not None and ctx.backend.name.startswith("torch-cuda")
+    lm = _lm(ctx, opts, parallel=True)
+    be = ctx.backend
+    init: Callable[[], None] | None = None
+    layout = "draft worker: own thread"  # a backend without streams or threads (tests)
+    if be is not None and be.name.startswith("mlx"):
+        init, layout = _mlx_worker(lm), "draft worker: own thread, own mlx cpu stream"
+    elif be is not None and be.name.startswith("torch"):
+        init, layout = torch_worker(threads, getattr(be, "device", None))
+    card = CardDrafter(lm, thread_init=init, **opts)
+    card.layout = layout
+    return card
 
-    def thread_init() -> None:
-        import torch
 
+def _mlx_worker(lm: DraftLM) -> Callable[[], None]:
+    from draftwise.backends.mlx.draft import enter_worker_stream  # type: ignore[import-not-found]
+
+    def init() -> None:
+        enter_worker_stream(lm)
+
+    return init
+
+
+def torch_worker(threads: int, device: Any = None) -> tuple[Callable[[], None], str]:
+    """CARD's worker start on torch (``threads`` CPU threads, its own stream on CUDA)
+    and the layout in words. The same code runs on CPU, where the stream is a no-op.
+
+    Example: ``init, layout = torch_worker(1, torch.device("cpu"))``; ``layout`` is
+    ``'draft worker: own thread, torch 1 thread(s), cpu (no stream)'``."""
+    import torch
+
+    from draftwise.backends.cuda.streams import WorkerStream
+
+    # Made here, in the target's thread: on CUDA it records the target's stream.
+    ws = WorkerStream(device if device is not None else torch.device("cpu"))
+
+    def init() -> None:
         torch.set_num_threads(threads)  # per thread: the target keeps its own count
-        if cuda:
-            torch.cuda.set_stream(torch.cuda.Stream())
+        ws.enter()
 
-    return CardDrafter(lm, thread_init=thread_init, **opts)
+    init.worker_stream = ws  # type: ignore[attr-defined]  # for tests
+    return init, f"draft worker: own thread, torch {threads} thread(s), {ws.describe()}"

@@ -181,6 +181,8 @@ _DRAFT_MODEL_OPTIONS = (
     Option("head", int, 0, "draft only ids below N (a view of the head; 0 = all)", low=0,
            high=1 << 24, remote=False),
     Option("lm", OBJECT, None, "a DraftLM", remote=False),
+    Option("auto", bool, False, "size the tree per step from both models' cost curves "
+           "(measured once per device)", remote=False),
 )
 
 

@@ -252,6 +252,8 @@ def test_report_and_plots(tmp_path: Path) -> None:
         (["--peers", "hf", "--temp", "0.7"], "--peers run greedy"),
         (["--categories", "code"], "unknown category 'code'"),
         (["--limit", "0"], "--limit must be >= 1, got 0"),
+        (["--drafters", "none,card@x"], "'@' must be followed by a thread count"),
+        (["--drafters", "none,bogus@1"], "unknown drafter 'bogus'"),
     ],
 )
 def test_cli_flag_errors(
@@ -280,3 +282,32 @@ def test_method_order_rotates() -> None:
     run_bench([a, b], items, Chat(FakeTokenizer()), BenchConfig(max_tokens=1))
     assert order == ["a", "b", "a", "b", "b", "a"]  # warm-up, prompt 1, prompt 2 (rotated)
     assert [m.name for m in rotated([a, b], 3)] == ["b", "a"]
+
+
+def test_thread_split_methods_set_their_threads_and_record_the_layout() -> None:
+    """``name@N`` runs the model with N threads for that method, the others with the
+    default; the layout (threads, CARD's worker) is what the bench records."""
+    import types
+
+    from draftwise.apps.bench.report import _layout_lines
+    from draftwise.apps.bench.runner import DraftwiseMethod, split_threads
+
+    assert split_threads("card:layers=8,correct=false@1") == ("card:layers=8,correct=false", 1)
+    calls: list[int] = []
+    card = types.SimpleNamespace(layout="draft worker: own thread, torch 1 thread(s), cpu",
+                                 stats=lambda: {"forwards": 3, "hits": 1, "misses": 2})
+    model = types.SimpleNamespace(
+        backend=types.SimpleNamespace(name="torch-cpu-float32"),
+        set_threads=calls.append,
+        drafter=lambda spec: card if spec.startswith("card") else object(),
+    )
+    seq = DraftwiseMethod(model, "draft:layers=8", {}, default_threads=2)
+    par = DraftwiseMethod(model, "card:layers=8,threads=1@1", {}, default_threads=2)
+    assert (seq.spec, seq.threads, par.spec, par.threads) == (
+        "draft:layers=8", 2, "card:layers=8,threads=1", 1)
+    assert par.layout() == {"model_threads": 1, "draft_worker": card.layout}
+    assert seq.layout() == {"model_threads": 2, "draft_worker": None}
+    assert par.stats() == {"forwards": 3, "hits": 1, "misses": 2} and seq.stats() == {}
+    lines = _layout_lines({m.name: m.layout() for m in (seq, par)})
+    assert "`card:layers=8,threads=1@1`: model 1 thread(s), draft worker" in lines[1]
+    assert DraftwiseMethod(model, "none", {}).threads is None  # no split asked: untouched

@@ -69,3 +69,41 @@ def test_auto_through_a_context_uses_the_profile(tmp_path):
     assert auto.max_budget == 8 and auto.cost is assets.cost_profile()
     with pytest.raises(SpecError, match="needs this device's cost profile"):
         build_drafter("auto", DraftingContext.standalone())
+
+
+def test_draft_cost_profile_measured_once_per_draft_and_reused(tmp_path):
+    """The draft model's forward curve (``auto`` for draft/card) is stored per draft."""
+    assets = make_assets(tmp_path)
+    lm = FakeBackend(vocab_size=128, context_limit=512)  # measured like a target: verify
+    cost = assets.draft_cost_profile(lm, "early-exit|layers=4", quiet=True)
+    path = assets.draft_profile_path("early-exit|layers=4")
+    assert path.is_file() and cost.meta["draft"] == "early-exit|layers=4"
+    assert path != assets.draft_profile_path("early-exit|layers=8") != assets.profile_path()
+    again = make_assets(tmp_path).draft_cost_profile(lm, "early-exit|layers=4", quiet=True)
+    assert (again.ms == cost.ms).all() and list(again.rows) == [1, 2, 4, 8, 16]
+
+
+@pytest.mark.parametrize("name", ["draft", "card"])
+def test_auto_true_plans_with_both_stored_curves(tmp_path, name):
+    """``draft:auto=true`` / ``card:auto=true`` get a planner built from the model's
+    verify profile and the draft's stored forward curve (sequential vs parallel)."""
+    from draftwise.core.costmodel import CostModel
+    from tests.core.fake_draft import FakeDraftLM
+
+    be = FakeBackend(vocab_size=128, context_limit=512)
+    assets = make_assets(tmp_path, be)
+    verify = CostModel(rows=[1, 64], ms=[50.0, 80.0])
+    assets.use_cost_profile(verify)
+    lm = FakeDraftLM(vocab_size=16)
+    draft = CostModel(rows=[1, 16], ms=[3.0, 9.0])
+    draft.save(assets.draft_profile_path(f"early-exit|layers=8|head=0|{lm.name}"))
+    ctx = DraftingContext.for_backend(be, assets, "tok")
+    d = build_drafter(f"{name}:auto=true,beam=2,topk=3,depth=5", ctx, lm=lm)
+    try:
+        p = d.planner
+        assert p.verify is verify and (p.draft.ms == draft.ms).all()
+        assert (p.beam, p.topk, p.max_depth, p.parallel) == (2, 3, 5, name == "card")
+        assert build_drafter(f"{name}:beam=2", ctx, lm=FakeDraftLM(vocab_size=16)).planner is None
+    finally:
+        if name == "card":
+            d.close()

@@ -24,7 +24,14 @@ from draftwise.apps.bench.peers import PEER_NAMES, check_peer_names, make_peers
 from draftwise.apps.bench.prompts import BenchItem, read_prompts, select_items
 from draftwise.apps.bench.records import TurnRecord
 from draftwise.apps.bench.report import device_info, render_markdown, write_json, write_text
-from draftwise.apps.bench.runner import BASELINE_NAME, BenchConfig, Chat, DraftwiseMethod, run_bench
+from draftwise.apps.bench.runner import (
+    BASELINE_NAME,
+    BenchConfig,
+    Chat,
+    DraftwiseMethod,
+    run_bench,
+    split_threads,
+)
 from draftwise.apps.common import add_model_args, add_sampling_args, sampling_kwargs
 from draftwise.drafting import check_spec, drafter_names
 from draftwise.errors import DraftwiseError
@@ -48,7 +55,8 @@ def setup_arg_parser(p: argparse.ArgumentParser | None = None) -> argparse.Argum
         "--drafters",
         default="none,cacheback",
         help=f"comma-separated drafters ({', '.join(drafter_names())}); "
-        "'none' (the baseline) is always run",
+        "'none' (the baseline) is always run; a drafter ending in @N runs the model with N "
+        "torch CPU threads (thread splits: 'none,card:threads=1@1')",
     )
     p.add_argument(
         "--peers",
@@ -83,7 +91,7 @@ def check_args(args: argparse.Namespace) -> tuple[list[str], list[str], dict[str
     drafters = _names(args.drafters)
     drafters = [BASELINE_NAME] + [d for d in dict.fromkeys(drafters) if d != BASELINE_NAME]
     for d in drafters:
-        check_spec(d)  # an unknown name or option fails here, before the model loads
+        check_spec(split_threads(d)[0])  # a bad name or option fails here, before loading
     peers = list(dict.fromkeys(_names(args.peers)))
     check_peer_names(peers)
     if args.repeats < 1:
@@ -101,6 +109,15 @@ def check_args(args: argparse.Namespace) -> tuple[list[str], list[str], dict[str
     gen.pop("drafter")
     gen.pop("max_tokens")
     return drafters, peers, gen
+
+
+def _default_threads(model: Any, drafters: list[str]) -> int | None:
+    """The model's thread count for methods without ``@N``, when some method has one."""
+    if all(split_threads(d)[1] is None for d in drafters):
+        return None
+    old = model.set_threads(1)  # read the count the process started with
+    model.set_threads(old)
+    return int(old)
 
 
 def _items(args: argparse.Namespace) -> list[BenchItem]:
@@ -141,7 +158,8 @@ def main(args: argparse.Namespace) -> int:
     model = draftwise.load(args.model, backend=args.backend, dtype=args.dtype, invariant=args.invariant)
     eos = sorted(model.tokenizer.eos_token_ids)
     device = "cuda" if "cuda" in model.backend.name else "cpu"
-    methods: list[Any] = [DraftwiseMethod(model, d, gen) for d in drafters]
+    default_threads = _default_threads(model, drafters)
+    methods: list[Any] = [DraftwiseMethod(model, d, gen, default_threads) for d in drafters]
     peers, skipped = make_peers(peer_names, model.model_dir, eos, device, args.dtype)
     methods += peers
     for name, why in skipped.items():
@@ -170,6 +188,8 @@ def main(args: argparse.Namespace) -> int:
         if args.dtype in ("float32", "bfloat16", "float16")
         else "float32",
         "timing": "wall_s per turn: whole generation incl. prefill (cache cleared each turn)",
+        # thread / stream layout per method: the model's threads, CARD's worker
+        "layouts": {m.name: m.layout() for m in methods if isinstance(m, DraftwiseMethod)},
     }
     state: dict[str, Any] = {
         "config": config,
@@ -192,6 +212,9 @@ def main(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
+    # CARD's worker counters (draft forwards, cache hits and misses after correction)
+    state["drafter_stats"] = {m.name: m.stats() for m in methods
+                              if isinstance(m, DraftwiseMethod) and m.stats()}
     rows = _write(args.out, state, records, chat, complete=True)
     _plots(args.out, rows, records)
     for r in rows:

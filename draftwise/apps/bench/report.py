@@ -145,7 +145,26 @@ def _header(config: dict[str, Any]) -> list[str]:
         f"`{c.get('prompts')}` ({c.get('items')} items, {c.get('turns')} turns per method "
         f"and pass); max tokens {c.get('max_tokens')}, temperature {c.get('temp')}, "
         f"budget {c.get('budget')}, repeats {c.get('repeats')} (median time kept); {mode}.",
+        *_layout_lines(c.get("layouts") or {}),
     ]
+
+
+def _layout_lines(layouts: dict[str, Any]) -> list[str]:
+    """One line per method whose threads or draft worker were set (thread splits, CARD).
+
+    >>> _layout_lines({"card@1": {"model_threads": 1, "draft_worker": "own thread"}})
+    ['', 'Layout: `card@1`: model 1 thread(s), own thread.']
+    """
+    parts = []
+    for name, lay in layouts.items():
+        bits = []
+        if lay.get("model_threads") is not None:
+            bits.append(f"model {lay['model_threads']} thread(s)")
+        if lay.get("draft_worker"):
+            bits.append(str(lay["draft_worker"]))
+        if bits:
+            parts.append(f"`{name}`: {', '.join(bits)}")
+    return ["", "Layout: " + "; ".join(parts) + "."] if parts else []
 
 
 def render_markdown(results: dict[str, Any]) -> str:

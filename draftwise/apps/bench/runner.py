@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from draftwise.apps.bench.prompts import BenchItem
 from draftwise.apps.bench.records import BASELINE, DRAFTER, TurnRecord, TurnResult
+from draftwise.errors import DraftwiseError
 from draftwise.models.tokenizer import Tokenizer
 
 BASELINE_NAME = "none"
@@ -55,30 +56,67 @@ def _cuda_sync(backend_name: str) -> Callable[[], None]:
     return torch.cuda.synchronize
 
 
-class DraftwiseMethod:
-    """``draftwise.stream_generate`` with a named drafter of one loaded model."""
+def split_threads(name: str) -> tuple[str, int | None]:
+    """A bench method name: a drafter spec, optionally ``@N`` (the model computes with
+    N CPU threads for this method).
 
-    def __init__(self, model: Any, name: str, gen_kwargs: Mapping[str, Any]) -> None:
+    >>> split_threads("card:layers=8,threads=1@1")
+    ('card:layers=8,threads=1', 1)
+    >>> split_threads("none")
+    ('none', None)
+    """
+    spec, at, n = name.rpartition("@")
+    if not at:
+        return name, None
+    if not n.isdigit() or int(n) < 1:
+        raise DraftwiseError(f"bench method {name!r}: '@' must be followed by a thread count >= 1")
+    return spec, int(n)
+
+
+class DraftwiseMethod:
+    """``draftwise.stream_generate`` with a named drafter of one loaded model.
+
+    ``name`` may end in ``@N``: the model then computes with N threads for this method
+    (torch on CPU), and with ``default_threads`` for the others, so a thread split (the
+    model on 1 thread beside CARD's 1-thread worker, against 2 threads sequential) is
+    measured in one run."""
+
+    def __init__(self, model: Any, name: str, gen_kwargs: Mapping[str, Any],
+                 default_threads: int | None = None) -> None:
         self.model = model
         self.name = name
+        self.spec, threads = split_threads(name)
+        self.threads = threads or default_threads
         self.kind = BASELINE if name == BASELINE_NAME else DRAFTER
         self.gen_kwargs = dict(gen_kwargs)
         self._sync = _cuda_sync(model.backend.name)
 
+    def layout(self) -> dict[str, Any]:
+        """Where this method computes: the model's threads and CARD's worker, if any."""
+        worker = getattr(self.model.drafter(self.spec), "layout", None)
+        return {"model_threads": self.threads, "draft_worker": worker}
+
+    def stats(self) -> dict[str, int]:
+        """The drafter's own counters over the run, if it keeps any (CARD's worker)."""
+        stats = getattr(self.model.drafter(self.spec), "stats", None)
+        return dict(stats()) if callable(stats) else {}
+
     def reset_state(self) -> None:
-        self.model.drafter(self.name).reset()
+        self.model.drafter(self.spec).reset()
 
     def generate(self, ids: list[int], max_tokens: int) -> TurnResult:
         import draftwise
 
         self.model.decoder.reset()  # a full prefill every turn, like the peers
+        if self.threads is not None:
+            self.model.set_threads(self.threads)
         lengths: list[int] = []
         trees: list[int] = []
         last = None
         self._sync()
         t0 = time.perf_counter()
         for r in draftwise.stream_generate(
-            self.model, ids, drafter=self.name, max_tokens=max_tokens, **self.gen_kwargs
+            self.model, ids, drafter=self.spec, max_tokens=max_tokens, **self.gen_kwargs
         ):
             lengths.append(len(r.tokens))
             trees.append(r.drafted)

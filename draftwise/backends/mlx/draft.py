@@ -109,3 +109,22 @@ class MLXDraftLM(MLXBackend):
             mx.async_eval(self.model.cache_arrays())
         self._len += n_commit
         self._scratch = int(slots.size) - n_commit
+
+
+def enter_worker_stream(lm: MLXDraftLM) -> str:
+    """Run in CARD's worker thread: give it a new CPU stream as its default stream, and
+    drop ``lm``'s KV cache so that it is rebuilt here.
+
+    MLX streams belong to the thread that makes them (mlx >= 0.31.2: a stream's command
+    encoder and the default stream are thread-local), so the stream is made here, in the
+    worker, and the draft's lazy graphs and evals stay on it, apart from the target's.
+    The arrays the draft shares with the target (weights) are evaluated before the worker
+    starts; its own cache arrays may have been made on another thread (a cost
+    measurement, an earlier worker), so they are dropped, never used across threads.
+    Returns the stream in words, e.g. ``'Stream(Device(cpu, 0), 2)'``.
+    """
+    stream = mx.new_stream(mx.cpu)
+    mx.set_default_stream(stream)
+    lm.reset()
+    lm.model.keys, lm.model.values, lm.model.alloc = [], [], 0
+    return str(stream)

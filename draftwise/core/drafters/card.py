@@ -33,6 +33,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,6 +41,9 @@ from draftwise.core.draft_lm import DraftLM
 from draftwise.core.drafters.candidate_cache import CandidateCache, Snapshot
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
+
+if TYPE_CHECKING:  # at run time only passed in: core.draftplan imports the drafters' package
+    from draftwise.core.draftplan import DraftPlanner
 
 VERIFY = ("tree", "chain")  # the target verifies the best subtree, or CARD's best path
 
@@ -149,12 +153,15 @@ class CardDrafter:
         correct: bool = True,
         thread_init: Callable[[], None] | None = None,
         on_forward: Callable[[], None] | None = None,
+        planner: DraftPlanner | None = None,
     ) -> None:
         CandidateCache(beam, topk, depth, max_nodes)  # checks the options now
         if verify not in VERIFY:
             raise DraftwiseError(f"card verify must be one of {', '.join(VERIFY)}, got {verify!r}")
         self.lm = lm
+        self.planner = planner  # auto: the subtree budget per step (parallel cost model)
         self.chain = verify == "chain"
+        self.layout = "draft worker: own thread"  # refined by the builder, for the bench
         self._worker = _Worker(
             lm, lambda: CandidateCache(beam, topk, depth, max_nodes), thread_init, on_forward
         )
@@ -172,10 +179,14 @@ class CardDrafter:
         """Forget the cache; after a worker error, the next ``begin`` starts a new one."""
         if self._worker.error is not None and not self.worker_alive:
             self._worker.error = None
+        if self.planner is not None:
+            self.planner.reset()
         self._worker.post(None, reset=True)
 
     def begin(self, prompt: np.ndarray) -> None:
         self._check()
+        if self.planner is not None:
+            self.planner.begin()
         self._worker.start()
         self._worker.post(prompt)
 
@@ -184,11 +195,18 @@ class CardDrafter:
         snap = self._worker.snapshot
         if snap is None:
             return DraftTree.empty()
-        tree, self.last_probs = snap.query(np.asarray(context, np.int64), budget, self.chain)
+        context = np.asarray(context, np.int64)
+        if self.planner is not None:
+            budget = self.planner.plan(context.size, budget).budget
+        tree, self.last_probs = snap.query(context, budget, self.chain)
+        if self.planner is not None:
+            self.planner.record(tree, context.size)
         return tree
 
     def update(self, context: np.ndarray, n_new: int) -> None:
         self._worker.post(context)
+        if self.planner is not None:
+            self.planner.update(np.asarray(context, np.int64))
 
     def close(self) -> None:
         """Stop and join the worker; a later ``begin`` starts a new one."""
@@ -201,7 +219,8 @@ class CardDrafter:
 
     def stats(self) -> dict[str, int]:
         w = self._worker
-        return {"forwards": w.forwards, "hits": w.hits, "misses": w.misses}
+        plan = self.planner.counts if self.planner is not None else {}
+        return {"forwards": w.forwards, "hits": w.hits, "misses": w.misses, **plan}
 
     def __enter__(self) -> CardDrafter:
         return self

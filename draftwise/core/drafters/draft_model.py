@@ -16,11 +16,16 @@ deep), and hands the ``budget`` best nodes by path score to the target.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from draftwise.core.draft_lm import DraftLM
 from draftwise.core.drafters.candidate_cache import CandidateCache
 from draftwise.core.tree import DraftTree
+
+if TYPE_CHECKING:  # at run time only passed in: core.draftplan imports the drafters' package
+    from draftwise.core.draftplan import DraftPlanner
 
 
 class DraftModelDrafter:
@@ -29,9 +34,16 @@ class DraftModelDrafter:
     name = "draft"
 
     def __init__(
-        self, lm: DraftLM, beam: int = 4, topk: int = 4, depth: int = 5, max_nodes: int = 512
+        self,
+        lm: DraftLM,
+        beam: int = 4,
+        topk: int = 4,
+        depth: int = 5,
+        max_nodes: int = 512,
+        planner: DraftPlanner | None = None,
     ) -> None:
         self.lm = lm
+        self.planner = planner  # auto: depth and budget per step from both cost curves
         self.beam, self.topk, self.depth, self.max_nodes = beam, topk, depth, max_nodes
         self.cache = CandidateCache(beam, topk, depth, max_nodes)
         self.forwards = 0  # draft forwards so far (rows of one layer each)
@@ -43,19 +55,39 @@ class DraftModelDrafter:
         return cls(lm, beam=1, topk=1, depth=n)
 
     def reset(self) -> None:
+        if self.planner is not None:
+            self.planner.reset()
         self.lm.reset()
         self.cache = CandidateCache(self.beam, self.topk, self.depth, self.max_nodes)
 
     def begin(self, prompt: np.ndarray) -> None:
-        pass  # the first propose prefills the draft model (prefix reused when cached)
+        # the first propose prefills the draft model (prefix reused when cached)
+        if self.planner is not None:
+            self.planner.begin()
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         context = np.asarray(context, np.int64)
+        depth = budget
+        if self.planner is not None:
+            plan = self.planner.plan(context.size, budget)
+            depth, budget = plan.depth, plan.budget
+            if depth == 0:  # a plain step: not even the draft's prefill (it catches up
+                self.last_probs = np.zeros(0)  # in one forward when drafting resumes)
+                return DraftTree.empty()
         self.cache.sync(self.lm, context)
-        while self.cache.grow(self.lm, max_depth=budget):
+        while depth > 0 and self.cache.grow(self.lm, max_depth=depth):
             self.forwards += 1
         tree, self.last_probs = self.cache.snapshot().query(context, budget)
+        if self.planner is not None:
+            self.planner.record(tree, context.size)
         return tree
 
+    def stats(self) -> dict[str, int]:
+        """Draft forwards so far, and with ``auto`` the planner's totals."""
+        plan = self.planner.counts if self.planner is not None else {}
+        return {"forwards": self.forwards, **plan}
+
     def update(self, context: np.ndarray, n_new: int) -> None:
-        pass  # the next propose corrects the cache with the new tokens
+        # the next propose corrects the cache with the new tokens
+        if self.planner is not None:
+            self.planner.update(np.asarray(context, np.int64))

@@ -1,6 +1,6 @@
 """The MLX draft model on the real default model (kept tiny: mlx[cpu] is slow here):
-early-exit drafting is lossless and the draft cache equals a fresh prefill after a
-correction."""
+early-exit drafting is lossless, the draft cache equals a fresh prefill after a
+correction, and CARD's worker on its own MLX stream is lossless under random delays."""
 
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ def mlx_model(default_model_dir: Path):  # type: ignore[no-untyped-def]
     return draftwise.load(default_model_dir, backend="mlx", dtype="float32")
 
 
-def greedy(model, prompt, drafter):  # type: ignore[no-untyped-def]
+def greedy(model, prompt, drafter, **kw):  # type: ignore[no-untyped-def]
     import draftwise
 
     last = None
-    for r in draftwise.stream_generate(model, prompt, drafter=drafter, max_tokens=MAX_TOKENS):
+    for r in draftwise.stream_generate(model, prompt, drafter=drafter, max_tokens=MAX_TOKENS, **kw):
         last = r
     return last
 
@@ -61,3 +61,32 @@ def test_mlx_draft_lossless_and_cache_consistent(mlx_model):  # type: ignore[no-
     n = lm.cache_len
     for a, b in zip(lm.model.cache_arrays(), fresh.model.cache_arrays(), strict=True):
         assert np.allclose(np.array(a[:, :, :n]), np.array(b[:, :, :n]), atol=1e-4)
+
+
+def test_mlx_card_worker_stream_lossless_with_random_delays(mlx_model):  # type: ignore[no-untyped-def]
+    """CARD on MLX: the worker thread drafts on its own CPU stream while the target
+    decodes; greedy and T=0.8 (same seed) equal ``none`` on every run, with random delays
+    injected before the worker's draft forwards; close() joins the worker."""
+    import random
+    import threading
+    import time
+
+    prompt = OWN_PROMPTS[0]
+    plain = greedy(mlx_model, prompt, "none").token_ids
+    hot = greedy(mlx_model, prompt, "none", temp=0.8, seed=5).token_ids
+    before = threading.active_count()
+    spec = "card:layers=6,beam=3,topk=2,depth=4"
+    card = mlx_model.drafter(spec)
+    assert "mlx cpu stream" in card.layout
+    rng = random.Random(7)
+    card._worker.on_forward = lambda: time.sleep(rng.choice([0.0, 0.001, 0.02, 0.08]))
+    for _ in range(2):  # timing changes what is drafted, never what is emitted
+        assert greedy(mlx_model, prompt, spec).token_ids == plain
+        assert greedy(mlx_model, prompt, spec, temp=0.8, seed=5).token_ids == hot
+    assert card.stats()["forwards"] > 0 and card.worker_alive
+    card.close()
+    assert not card.worker_alive and threading.active_count() == before
+    # a new worker (new thread, new stream) rebuilds the draft cache in its own thread
+    assert greedy(mlx_model, prompt, spec).token_ids == plain
+    card.close()
+    assert threading.active_count() == before
