@@ -42,7 +42,7 @@ import numpy as np
 from draftwise.core.costmodel import CostModel
 from draftwise.core.drafters.base import Drafter
 from draftwise.core.drafters.compose import load_members, save_members
-from draftwise.core.tree import DraftTree, merge_trees
+from draftwise.core.tree import DraftTree, merge_trees, path_reduce
 from draftwise.errors import DraftwiseError
 
 # Beta prior of every acceptance cell: p = 0.2, worth 1.25 observations, so that a few
@@ -110,11 +110,12 @@ def matched(tree: DraftTree, emitted: np.ndarray) -> np.ndarray:
         >>> matched(t, np.array([1, 3])).tolist()   # nodes: 1, 4, 2, 3
         [True, False, False, True]
     """
-    ok = np.zeros(len(tree), bool)
-    for i, (p, d, tok) in enumerate(zip(tree.parents.tolist(), tree.depth.tolist(), tree.tokens.tolist())):
-        if d <= emitted.size and (p < 0 or ok[p]):
-            ok[i] = tok == emitted[d - 1]
-    return ok
+    if len(tree) == 0 or emitted.size == 0:
+        return np.zeros(len(tree), bool)
+    depth = tree.depth
+    at = np.minimum(depth, emitted.size) - 1  # (N,) the emitted token at the node's depth
+    own = (depth <= emitted.size) & (tree.tokens == emitted[at])  # (N,) the node alone
+    return path_reduce(tree.parents, own, np.logical_and)  # and every ancestor
 
 
 def choose_subtree(
@@ -128,13 +129,10 @@ def choose_subtree(
     expected tokens per ms."""
     if len(tree) == 0:
         return tree
-    p = acc.node_probs(tree)
-    path_p = np.empty(len(tree))
-    for i, parent in enumerate(tree.parents.tolist()):
-        path_p[i] = p[i] * (path_p[parent] if parent >= 0 else 1.0)
+    path_p = path_reduce(tree.parents, acc.node_probs(tree), np.multiply)  # (N,)
     order = np.lexsort((np.arange(len(tree)), -path_p))  # best first, parents before children
     gain = 1.0 + np.concatenate([[0.0], np.cumsum(path_p[order])])  # (N+1,) tokens per step
-    ms = cost.cost(np.arange(1, len(tree) + 2), context_len)  # (N+1,) verify time of n nodes
+    ms = cost.cost_upto(len(tree) + 1, context_len)  # (N+1,) verify time of n nodes
     limit = len(tree) if max_nodes is None else min(max_nodes, len(tree))
     n = int(np.argmax((gain / ms)[: limit + 1]))
     return tree.subset(order[:n])

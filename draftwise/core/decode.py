@@ -128,12 +128,13 @@ class Decoder:
         emitted = 0
         self._prefill(prompt)
         drafter.begin(prompt)
+        batched = self._use_batch(drafter, params)  # fixed for the generation
         try:
             while True:
                 room = limit - self.backend.cache_len - 1  # rows left after the root
                 cap = max(0, min(budget, room, max_tokens - emitted - 1))
                 t0 = time.perf_counter()
-                if self._use_batch(drafter, params):
+                if batched:
                     drafts = check_drafts(drafter.propose_batch(seq[:n], cap))  # type: ignore[attr-defined]
                     drafts = drafts[:, : min(drafts.shape[1], room, max_tokens - emitted - 1)]
                     t1 = time.perf_counter()

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from draftwise.core.autotune import AcceptanceModel, AutoDrafter, CostModel, choose_subtree
+from draftwise.core.autotune import AcceptanceModel, AutoDrafter, CostModel, choose_subtree, matched
 from draftwise.core.decode import Decoder
 from draftwise.core.drafters.base import NoDrafter
 from draftwise.core.drafters.cacheback import Cacheback
@@ -146,3 +146,30 @@ def test_broad_member_does_not_crowd_out_a_deep_one():
     ctx = np.array([0, 1, 2])
     tree = auto.propose(ctx, 6)
     assert tree.tokens.tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def _random_tree(rng: np.random.Generator, n: int) -> DraftTree:
+    parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]
+    return DraftTree(rng.integers(0, 4, n), parents, rng.integers(0, 3, n))
+
+
+def test_vectorised_host_work_matches_node_loops() -> None:
+    """matched, sibling ranks, path products and cost_upto equal their plain loops."""
+    from draftwise.core.tree import path_reduce
+
+    rng = np.random.default_rng(7)
+    cost = CostModel([1, 4, 16], [[10.0, 12.0, 20.0], [14.0, 15.0, 30.0]], [128, 1024])
+    for n in (1, 2, 9, 40):
+        t = _random_tree(rng, n)
+        emitted = rng.integers(0, 4, int(rng.integers(1, 6)))
+        ok, rank, prod, seen = np.zeros(n, bool), np.zeros(n, int), np.zeros(n), {}
+        p = rng.random(n)
+        for i, (par, d, tok) in enumerate(zip(t.parents, t.depth, t.tokens)):
+            ok[i] = d <= emitted.size and (par < 0 or ok[par]) and tok == emitted[d - 1]
+            rank[i], seen[par] = seen.get(par, 0), seen.get(par, 0) + 1
+            prod[i] = p[i] * (prod[par] if par >= 0 else 1.0)
+        assert matched(t, emitted).tolist() == ok.tolist()
+        assert t.sibling_rank().tolist() == rank.tolist()
+        assert np.allclose(path_reduce(t.parents, p, np.multiply), prod, rtol=1e-12)
+        for ctx in (50, 300, 5000):
+            assert np.array_equal(cost.cost_upto(n + 1, ctx), cost.cost(np.arange(1, n + 2), ctx))
