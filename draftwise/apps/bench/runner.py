@@ -58,15 +58,26 @@ def _cuda_sync(backend_name: str) -> Callable[[], None]:
 class DraftwiseMethod:
     """``draftwise.stream_generate`` with a named drafter of one loaded model."""
 
-    def __init__(self, model: Any, name: str, gen_kwargs: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        model: Any,
+        name: str,
+        gen_kwargs: Mapping[str, Any],
+        label: str | None = None,
+        kind: str | None = None,
+    ) -> None:
+        """``label``/``kind``: how the results name and count it (default: the drafter
+        name; ``none`` is the baseline). The float32 reference is ``none`` on a second
+        model, labelled ``none@float32`` of kind ``reference``."""
         self.model = model
-        self.name = name
-        self.kind = BASELINE if name == BASELINE_NAME else DRAFTER
+        self.drafter = name
+        self.name = label or name
+        self.kind = kind or (BASELINE if name == BASELINE_NAME else DRAFTER)
         self.gen_kwargs = dict(gen_kwargs)
         self._sync = _cuda_sync(model.backend.name)
 
     def reset_state(self) -> None:
-        self.model.drafter(self.name).reset()
+        self.model.drafter(self.drafter).reset()
 
     def generate(self, ids: list[int], max_tokens: int) -> TurnResult:
         import draftwise
@@ -78,7 +89,7 @@ class DraftwiseMethod:
         self._sync()
         t0 = time.perf_counter()
         for r in draftwise.stream_generate(
-            self.model, ids, drafter=self.name, max_tokens=max_tokens, **self.gen_kwargs
+            self.model, ids, drafter=self.drafter, max_tokens=max_tokens, **self.gen_kwargs
         ):
             lengths.append(len(r.tokens))
             trees.append(r.drafted)
