@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 
 def fresh(model):
     """The model's assets with nothing held in memory, so each call reads or measures."""
-    model.assets._cost = None
+    model.assets._costs.clear()
     return model.assets
 
 

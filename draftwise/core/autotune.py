@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -147,15 +147,33 @@ class AutoDrafter:
 
     name = "auto"
 
-    def __init__(self, members: Sequence[Drafter], cost: CostModel, max_budget: int = 64) -> None:
+    def __init__(
+        self,
+        members: Sequence[Drafter],
+        cost: CostModel,
+        max_budget: int = 64,
+        sampling_cost: Callable[[], CostModel] | None = None,
+    ) -> None:
+        """``cost``: the greedy path's curve; ``sampling_cost``: gives the curve measured
+        with logits (asked for on the first generation at temperature > 0; ``None``:
+        plan with ``cost`` on both paths)."""
         if not members:
             raise DraftwiseError("the auto drafter needs at least one member drafter")
         self.members = list(members)
-        self.cost = cost
+        self.greedy_cost = cost
+        self.cost = cost  # the curve of the path in use (see plan_for)
+        self._sampling_cost = sampling_cost
         self.max_budget = max_budget
         self.acc = AcceptanceModel(n_sources=len(self.members))
         self.last_budget = 0
         self._pending: deque[tuple[DraftTree, int]] = deque()  # (full tree, root index)
+
+    def plan_for(self, sampling: bool) -> None:
+        """Plan with the cost curve of the verify path in use (called by the decoder)."""
+        if not sampling or self._sampling_cost is None:
+            self.cost = self.greedy_cost
+        else:
+            self.cost = self._sampling_cost()
 
     def reset(self) -> None:
         for m in self.members:

@@ -36,8 +36,12 @@ def measure_cost_curve(
     progress: Callable[[int, int], None] | None = None,
     meta: dict[str, str] | None = None,
     time_budget_s: float | None = None,
+    need_logits: bool = False,
 ) -> CostModel:
     """Median verify ms for every (context, rows) pair; the cache is emptied after.
+
+    ``need_logits``: time the sampling path's verify (every row's logits brought to the
+    host, as at temperature > 0) instead of the greedy one (argmax only).
 
     ``time_budget_s`` bounds a first-use measurement on a slow device (mlx[cpu] takes
     seconds per wide verify): the first context is always measured whole, with fewer
@@ -62,7 +66,7 @@ def measure_cost_curve(
             for j, r in enumerate(rows):
                 tree = DraftTree.chain(tokens[ctx + 1 : ctx + r].tolist())
                 t0 = time.perf_counter()
-                backend.verify(int(tokens[ctx]), tree, need_logits=False)  # warm-up
+                backend.verify(int(tokens[ctx]), tree, need_logits=need_logits)  # warm-up
                 warm = [(time.perf_counter() - t0) * 1e3]
                 n = reps
                 if deadline is not None:
@@ -71,7 +75,7 @@ def measure_cost_curve(
                 times = []
                 for _ in range(n):
                     t0 = time.perf_counter()
-                    backend.verify(int(tokens[ctx]), tree, need_logits=False)
+                    backend.verify(int(tokens[ctx]), tree, need_logits=need_logits)
                     times.append((time.perf_counter() - t0) * 1e3)
                 table[i, j] = statistics.median(times or warm)
                 done += 1

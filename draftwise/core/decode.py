@@ -26,7 +26,7 @@ import numpy as np
 from draftwise.core.acceptance import accept, accept_greedy
 from draftwise.core.backend import Backend
 from draftwise.core.batch import BatchDrafter, BatchVerifier, accept_batch, check_drafts
-from draftwise.core.drafters.base import Drafter
+from draftwise.core.drafters.base import Drafter, PathAware
 from draftwise.core.prefixes import Prefixes, Snapshots
 from draftwise.core.sampling import SamplingParams, next_token
 from draftwise.core.tree import DraftTree
@@ -129,6 +129,8 @@ class Decoder:
         self._prefill(prompt)
         drafter.begin(prompt)
         batched = self._use_batch(drafter, params)  # fixed for the generation
+        if isinstance(drafter, PathAware):
+            drafter.plan_for(params.needs_logits)  # auto: the sampling path's cost curve
         try:
             while True:
                 room = limit - self.backend.cache_len - 1  # rows left after the root

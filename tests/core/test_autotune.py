@@ -173,3 +173,18 @@ def test_vectorised_host_work_matches_node_loops() -> None:
         assert np.allclose(path_reduce(t.parents, p, np.multiply), prod, rtol=1e-12)
         for ctx in (50, 300, 5000):
             assert np.array_equal(cost.cost_upto(n + 1, ctx), cost.cost(np.arange(1, n + 2), ctx))
+
+
+def test_sampling_generation_plans_with_the_logits_cost_curve():
+    """At temperature > 0 auto asks for the sampling path's curve; greedy keeps its own."""
+    greedy = CostModel(rows=[1, 64], ms=[10.0, 10.0])  # flat: every node pays
+    steep = CostModel(rows=[1, 64], ms=[10.0, 640.0])  # with logits: no tree pays
+    asked = []
+    auto = AutoDrafter([Cacheback()], greedy, sampling_cost=lambda: asked.append(1) or steep)
+    dec = Decoder(FakeBackend())
+    prompt = [1, 2, 3, 4] * 6
+    sampled = list(dec.steps(prompt, auto, SamplingParams(temperature=0.8), 12, seed=3))
+    assert auto.cost is steep and asked == [1]
+    assert all(s.drafted == 0 for s in sampled)  # the steep curve keeps nothing
+    list(dec.steps(prompt, auto, SamplingParams(), 12))
+    assert auto.cost is greedy and asked == [1]
