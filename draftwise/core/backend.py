@@ -32,6 +32,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from draftwise.core.device import DeviceInfo
+from draftwise.core.sampling import SamplingParams
 from draftwise.core.tree import DraftTree
 
 
@@ -71,3 +72,15 @@ class Backend(Protocol):
 
     def commit(self, keep: np.ndarray) -> None:
         """Keep rows ``keep`` of the last ``verify`` in the cache; see the module docstring."""
+
+
+@runtime_checkable
+class SamplingVerifier(Protocol):
+    """A backend that samples every verify row where its logits are (on the device)."""
+
+    def verify_sampled(
+        self, root: int, tree: DraftTree, params: SamplingParams, u: np.ndarray, recent: np.ndarray
+    ) -> np.ndarray:
+        """Like ``verify``, but returns (N+1,) tokens: row ``r`` sampled as
+        ``next_token(logits[r], recent[r], params, u[r])`` with ``u`` (N+1,) and the
+        penalty windows ``recent`` (N+1, W)."""
