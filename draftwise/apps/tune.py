@@ -7,6 +7,7 @@ directory; run this command to refresh it (after a driver update, say) or to see
 Example::
 
     draftwise tune --backend torch --dtype bfloat16
+    draftwise tune --sampling        # the curve auto uses at temperature > 0
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ def setup_arg_parser(p: argparse.ArgumentParser | None = None) -> argparse.Argum
     p.add_argument("--reps", type=int, default=3, help="timed repeats per point (default: 3)")
     p.add_argument("--show", action="store_true", help="print the stored profile; measure only if none")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
+    p.add_argument(
+        "--sampling",
+        action="store_true",
+        help="the sampling path's curve (verify with logits, what auto plans with at "
+        "temperature > 0) instead of the greedy one",
+    )
     return p
 
 
@@ -36,11 +43,15 @@ def main(args: argparse.Namespace) -> int:
         args.model, backend=args.backend, dtype=args.dtype, invariant=args.invariant
     )
     assets = model.assets
-    cost = assets.cost_profile() if args.show else assets.measure_cost_profile(reps=args.reps)
+    smp = args.sampling
+    if args.show:
+        cost = assets.cost_profile(sampling=smp)
+    else:
+        cost = assets.measure_cost_profile(reps=args.reps, sampling=smp)
     if args.json:
         print(json.dumps(cost.to_json()))
         return 0
-    print(f"profile: {assets.profile_path()}")
+    print(f"profile: {assets.profile_path(smp)}  ({'sampling' if smp else 'greedy'} path)")
     print(f"device:  {cost.meta.get('device', '?')}  backend: {cost.meta.get('backend', '?')}  "
           f"mode: {cost.meta.get('mode', '?')}")
     header = "rows".rjust(8) + "".join(f"ctx {int(c)}".rjust(12) for c in cost.contexts)

@@ -76,7 +76,11 @@ class Backend(Protocol):
 
 @runtime_checkable
 class SamplingVerifier(Protocol):
-    """A backend that samples every verify row where its logits are (on the device)."""
+    """A backend that can sample every verify row where its logits are (on the device).
+    ``device_sampling`` says whether the decoder should: True where the logits live off
+    the host (CUDA); on CPU the host samples only the rows acceptance visits."""
+
+    device_sampling: bool
 
     def verify_sampled(
         self, root: int, tree: DraftTree, params: SamplingParams, u: np.ndarray, recent: np.ndarray

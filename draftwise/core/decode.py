@@ -206,7 +206,7 @@ class Decoder:
         """One forward pass over the tree; commits the accepted path to the cache. ``u``:
         the uniforms of this step's tokens, ``u[d]`` for the token at depth ``d``."""
         backend = self.backend
-        if params.needs_logits and isinstance(backend, SamplingVerifier):
+        if params.needs_logits and isinstance(backend, SamplingVerifier) and backend.device_sampling:
             # every row sampled on the device; descend as greedy over the sampled tokens
             window = params.repetition_context
             recent = recent_windows(context, tree.tokens, tree.parents, tree.depth, window)

@@ -75,6 +75,9 @@ class TorchBackend(CacheBook, BatchMixin):
         # Reused for every verify's mask: the cache prefix is always fully visible.
         self._ones = torch.ones((1, max_cache_len), dtype=torch.bool, device=self.device)
         self._staging = HostStaging(self.device)  # the step's one (pinned on CUDA) upload
+        # Sample at T > 0 on the device (verify_sampled) where logits are off the host;
+        # on CPU the host samples only the rows acceptance visits (tests turn it on).
+        self.device_sampling = self.device.type == "cuda"
 
     def device_info(self) -> DeviceInfo:
         """The device, dtype, mode and thread count this backend computes with."""

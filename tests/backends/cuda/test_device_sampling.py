@@ -72,7 +72,10 @@ class HostOnly:
 @pytest.fixture(scope="module")
 def tiny_backend(tmp_path_factory: pytest.TempPathFactory) -> TorchBackend:
     model_dir, _ = _save_tiny(Path(tmp_path_factory.mktemp("ds")) / "m", "llama")
-    return TorchBackend.from_pretrained(model_dir, dtype="float32", device="cpu", invariant=False)
+    be = TorchBackend.from_pretrained(model_dir, dtype="float32", device="cpu", invariant=False)
+    assert not be.device_sampling  # on by default on CUDA only
+    be.device_sampling = True  # the CUDA path, run under CPU tensors
+    return be
 
 
 @pytest.mark.parametrize("params", PARAMS[:4:3] + PARAMS[4:])
