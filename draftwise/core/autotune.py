@@ -78,12 +78,19 @@ class AcceptanceModel:
             np.minimum(tree.sibling_rank(), n_rank - 1),
         )
 
-    def node_probs(self, tree: DraftTree) -> np.ndarray:
+    def index(self, tree: DraftTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(source, depth, rank) cell of every node; pass it back to ``node_probs`` and
+        ``observe`` for the same tree to skip recomputing it."""
+        return self._index(tree)
+
+    def node_probs(self, tree: DraftTree, index: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
         """(N,) conditional acceptance probability of each node."""
-        i = self._index(tree)
+        i = self._index(tree) if index is None else index
         return self.hits[i] / self.tries[i]
 
-    def observe(self, tree: DraftTree, emitted: np.ndarray) -> None:
+    def observe(
+        self, tree: DraftTree, emitted: np.ndarray, index: tuple[np.ndarray, ...] | None = None
+    ) -> None:
         """Score ``tree`` against the tokens the model emitted after its root: a node is
         *reached* when its parent's path matches, *accepted* when its token matches too."""
         if len(tree) == 0 or emitted.size == 0:
@@ -96,7 +103,7 @@ class AcceptanceModel:
             return
         self.hits = self.prior[0] + (self.hits - self.prior[0]) * self.decay
         self.tries = sum(self.prior) + (self.tries - sum(self.prior)) * self.decay
-        s, d, r = (a[reached] for a in self._index(tree))
+        s, d, r = (a[reached] for a in (self._index(tree) if index is None else index))
         np.add.at(self.tries, (s, d, r), 1.0)
         np.add.at(self.hits, (s, d, r), ok[reached].astype(np.float64))
 
@@ -124,18 +131,19 @@ def choose_subtree(
     cost: CostModel,
     context_len: int,
     max_nodes: int | None = None,
+    index: tuple[np.ndarray, ...] | None = None,
 ) -> DraftTree:
     """The best-first prefix of ``tree`` (at most ``max_nodes`` nodes) with the most
-    expected tokens per ms."""
-    if len(tree) == 0:
-        return tree
-    path_p = path_reduce(tree.parents, acc.node_probs(tree), np.multiply)  # (N,)
+    expected tokens per ms (``index``: ``acc.index(tree)``, when already known)."""
+    if len(tree) == 0 or max_nodes == 0:
+        return DraftTree.empty()
+    path_p = path_reduce(tree.parents, acc.node_probs(tree, index), np.multiply)  # (N,)
     order = np.lexsort((np.arange(len(tree)), -path_p))  # best first, parents before children
     gain = 1.0 + np.concatenate([[0.0], np.cumsum(path_p[order])])  # (N+1,) tokens per step
     ms = cost.cost_upto(len(tree) + 1, context_len)  # (N+1,) verify time of n nodes
     limit = len(tree) if max_nodes is None else min(max_nodes, len(tree))
     n = int(np.argmax((gain / ms)[: limit + 1]))
-    return tree.subset(order[:n])
+    return tree.subset(order[:n]) if n else DraftTree.empty()
 
 
 class AutoDrafter:
@@ -166,7 +174,8 @@ class AutoDrafter:
         self.max_budget = max_budget
         self.acc = AcceptanceModel(n_sources=len(self.members))
         self.last_budget = 0
-        self._pending: deque[tuple[DraftTree, int]] = deque()  # (full tree, root index)
+        # (full tree, root index, its acceptance cells) awaiting the tokens that judge it
+        self._pending: deque[tuple[DraftTree, int, tuple[np.ndarray, ...]]] = deque()
 
     def plan_for(self, sampling: bool) -> None:
         """Plan with the cost curve of the verify path in use (called by the decoder)."""
@@ -194,8 +203,9 @@ class AutoDrafter:
         # merged uncut: a breadth-first cut would let one member's shallow guesses push
         # out another's deep ones; the choice below keeps the best ``cap`` nodes instead
         full = merge_trees([m.propose(context, cap) for m in self.members])
-        self._pending.append((full, context.size))
-        chosen = choose_subtree(full, self.acc, self.cost, context.size, cap)
+        index = self.acc.index(full)  # (source, depth, rank) cells: planning and scoring
+        self._pending.append((full, context.size, index))
+        chosen = choose_subtree(full, self.acc, self.cost, context.size, cap, index)
         self.last_budget = len(chosen)
         return chosen
 
@@ -211,9 +221,9 @@ class AutoDrafter:
             m.update(context, n_new)
         # score pending trees once every node's fate is known (or 8 steps later)
         while self._pending:
-            tree, root_end = self._pending[0]
+            tree, root_end, index = self._pending[0]
             known = context.size - root_end
             if known < tree.max_depth and len(self._pending) < 8:
                 break
             self._pending.popleft()
-            self.acc.observe(tree, context[root_end : root_end + tree.max_depth])
+            self.acc.observe(tree, context[root_end : root_end + tree.max_depth], index)

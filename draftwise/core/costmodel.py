@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ class CostModel:
         self.ms = table.reshape(len(contexts), self.rows.size)  # (C, R)
         self.contexts = np.asarray(contexts, np.float64)  # (C,) increasing
         self.meta = dict(meta or {})
+        self._ctx_list = self.contexts.tolist()  # the same floats, for scalar lookups
         self._dense: np.ndarray | None = None  # (C, R') cost at 1..R' rows, made on demand
         if self.rows.size < 2 or np.any(np.diff(self.rows) <= 0) or np.any(self.ms <= 0):
             raise DraftwiseError("a cost curve needs >= 2 increasing row counts and positive times")
@@ -54,9 +56,10 @@ class CostModel:
         """Interpolate (C, ...) per-context values at ``context_len`` (clamped)."""
         if stacked.shape[0] == 1:
             return stacked[0]
-        c = float(min(max(context_len, self.contexts[0]), self.contexts[-1]))
-        j = int(np.clip(np.searchsorted(self.contexts, c) - 1, 0, self.contexts.size - 2))
-        w = (c - self.contexts[j]) / (self.contexts[j + 1] - self.contexts[j])
+        ctx = self._ctx_list
+        c = float(min(max(context_len, ctx[0]), ctx[-1]))
+        j = min(max(bisect.bisect_left(ctx, c) - 1, 0), len(ctx) - 2)
+        w = (c - ctx[j]) / (ctx[j + 1] - ctx[j])
         return (1 - w) * stacked[j] + w * stacked[j + 1]
 
     def cost(self, rows: int | np.ndarray, context_len: int) -> np.ndarray:

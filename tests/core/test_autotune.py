@@ -108,7 +108,7 @@ def test_auto_members_precise_first_and_learnt_apart():
     ctx = np.array([5, 6, 7, 8, 9, 5, 6, 7])
     auto.begin(ctx)
     tree = auto.propose(ctx, 16)
-    full, _ = auto._pending[-1]
+    full, _, _ = auto._pending[-1]
     assert 8 in full.tokens[full.depth == 1].tolist()
     assert full.source[full.tokens.tolist().index(8)] == 0
     assert len(tree) <= len(full)
