@@ -138,7 +138,7 @@ def choose_subtree(
     if len(tree) == 0 or max_nodes == 0:
         return DraftTree.empty()
     path_p = path_reduce(tree.parents, acc.node_probs(tree, index), np.multiply)  # (N,)
-    order = np.lexsort((np.arange(len(tree)), -path_p))  # best first, parents before children
+    order = np.argsort(-path_p, kind="stable")  # best first, ties by index: parents first
     gain = 1.0 + np.concatenate([[0.0], np.cumsum(path_p[order])])  # (N+1,) tokens per step
     ms = cost.cost_upto(len(tree) + 1, context_len)  # (N+1,) verify time of n nodes
     limit = len(tree) if max_nodes is None else min(max_nodes, len(tree))
