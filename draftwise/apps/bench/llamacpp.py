@@ -93,6 +93,9 @@ def load_llama(gguf: Path, threads: int, pld: bool) -> Any:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         extra["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=PLD_TOKENS)
+        # verifying a draft writes one row of scores per drafted token: without
+        # logits_all the score buffer has no rows and generate() raises (0.3.x)
+        extra["logits_all"] = True
     return Llama(
         model_path=str(gguf), n_ctx=N_CTX, n_threads=threads, n_threads_batch=threads,
         seed=0, verbose=False, **extra,

@@ -149,7 +149,8 @@ def _header(config: dict[str, Any]) -> list[str]:
         f"budget {c.get('budget')}, repeats {c.get('repeats')} (median time kept); {mode}.",
     ] + ([
         f"Speedups are against `none` in this mode; *vs reference* is against "
-        f"`{c['reference']}` (plain decoding on `{c.get('reference_backend')}`), same run.",
+        f"`{c['reference']}` (plain decoding on `{c.get('reference_backend')}`), same run; "
+        f"its *identical* compares its text with `none`'s across the two dtypes.",
     ] if c.get("reference") else [])
 
 
