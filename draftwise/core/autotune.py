@@ -122,7 +122,7 @@ def matched(tree: DraftTree, emitted: np.ndarray) -> np.ndarray:
     depth = tree.depth
     at = np.minimum(depth, emitted.size) - 1  # (N,) the emitted token at the node's depth
     own = (depth <= emitted.size) & (tree.tokens == emitted[at])  # (N,) the node alone
-    return path_reduce(tree.parents, own, np.logical_and)  # and every ancestor
+    return path_reduce(tree.parents, own, np.logical_and, tree.max_depth)  # and every ancestor
 
 
 def choose_subtree(
@@ -137,7 +137,7 @@ def choose_subtree(
     expected tokens per ms (``index``: ``acc.index(tree)``, when already known)."""
     if len(tree) == 0 or max_nodes == 0:
         return DraftTree.empty()
-    path_p = path_reduce(tree.parents, acc.node_probs(tree, index), np.multiply)  # (N,)
+    path_p = path_reduce(tree.parents, acc.node_probs(tree, index), np.multiply, tree.max_depth)
     order = np.argsort(-path_p, kind="stable")  # best first, ties by index: parents first
     gain = 1.0 + np.concatenate([[0.0], np.cumsum(path_p[order])])  # (N+1,) tokens per step
     ms = cost.cost_upto(len(tree) + 1, context_len)  # (N+1,) verify time of n nodes

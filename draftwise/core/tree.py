@@ -263,17 +263,43 @@ def merge_trees(trees: Sequence[DraftTree], budget: int | None = None) -> DraftT
         >>> m = merge_trees([a, b]); m.tokens.tolist(), m.parents.tolist()
         ([1, 2, 3], [-1, 0, 0])
     """
-    builder = TreeBuilder()
+    children: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    tokens: list[int] = []
+    parents: list[int] = []
+    sources: list[int] = []
+    depths: list[int] = []
     for k, tree in enumerate(trees):
-        mapped = np.empty(len(tree), np.int64)
-        for i, (tok, par) in enumerate(zip(tree.tokens.tolist(), tree.parents.tolist())):
-            mapped[i], _ = builder.add(int(mapped[par]) if par >= 0 else -1, tok, k)
-    return builder.build(budget)
+        mapped: list[int] = []  # node of ``tree`` -> merged node
+        for tok, par, d in zip(tree.tokens.tolist(), tree.parents.tolist(), tree.depth.tolist()):
+            key = (mapped[par] if par >= 0 else -1, tok)
+            node = children.get(key)
+            if node is None:
+                node = children[key] = len(tokens)
+                tokens.append(tok)
+                parents.append(key[0])
+                sources.append(k)
+                depths.append(d)
+            mapped.append(node)
+    n = len(tokens)
+    if n == 0:
+        return DraftTree.empty()
+    depth = np.asarray(depths, np.int64)
+    order = np.argsort(depth, kind="stable")  # breadth-first, then creation order
+    if budget is not None:
+        order = order[: max(budget, 0)]
+    remap = np.full(n + 1, -1, np.int64)  # index n stands for the root (-1)
+    remap[order] = np.arange(order.size)
+    new_parents = remap[np.asarray(parents, np.int64)[order]]
+    src = np.asarray(sources, np.int16)[order]
+    return DraftTree._trusted(np.asarray(tokens, np.int64)[order], new_parents, src, depth[order])
 
 
-def path_reduce(parents: np.ndarray, values: np.ndarray, op: np.ufunc) -> np.ndarray:
+def path_reduce(
+    parents: np.ndarray, values: np.ndarray, op: np.ufunc, max_depth: int | None = None
+) -> np.ndarray:
     """(N,) ``op`` of ``values`` over each node and all its ancestors (``parents[i] < i``,
-    ``-1`` = none), by pointer doubling: about log2(depth) vector steps, no node loop.
+    ``-1`` = none), by pointer doubling: log2(``max_depth``) vector steps (the tree's
+    depth when known, else enough for any), no node loop.
 
     Example::
 
@@ -285,7 +311,9 @@ def path_reduce(parents: np.ndarray, values: np.ndarray, op: np.ufunc) -> np.nda
     acc[:n], acc[n] = values, op.identity
     jump = np.empty(n + 1, np.int64)  # acc[i] covers i and its ancestors below jump[i]
     jump[:n], jump[n] = np.where(parents >= 0, parents, n), n
-    while jump.min() < n:
+    # after k doublings acc[i] covers 2**k path nodes: depth.bit_length() rounds reach the root
+    rounds = max_depth.bit_length() if max_depth is not None else n.bit_length()
+    for _ in range(rounds):
         acc[:n] = op(acc[:n], acc[jump[:n]])
         jump = jump[jump]
     return acc[:n]
