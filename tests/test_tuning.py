@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 
 def fresh(model):
     """The model's assets with nothing held in memory, so each call reads or measures."""
-    model.assets._cost = None
+    model.assets._costs.clear()
     return model.assets
 
 
@@ -37,3 +37,9 @@ def test_tune_store_reuse_and_corrupt(default_model_dir, tmp_path, monkeypatch):
     assert out
     assert model.assets.device == model.backend.device_info()
     assert model.backend.device_info().dtype == "float32" and model.backend.device_info().mode == "normal"
+    # temperature > 0: auto plans with the sampling path's own curve, kept in its own file
+    assert model.assets.profile_path(sampling=True) != path
+    steep = type(cost)([1, 64], [10.0, 640.0], meta={"path": "sampling (logits)"})
+    model.assets.use_cost_profile(steep, sampling=True)
+    draftwise.generate(model, "Say hello.", drafter="auto", max_tokens=4, temperature=0.7, seed=1)
+    assert auto.cost is steep and auto.greedy_cost is not steep

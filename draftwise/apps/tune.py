@@ -7,6 +7,7 @@ directory; run this command to refresh it (after a driver update, say) or to see
 Example::
 
     draftwise tune --backend torch --dtype bfloat16
+    draftwise tune --sampling        # the curve auto uses at temperature > 0
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ def setup_arg_parser(p: argparse.ArgumentParser | None = None) -> argparse.Argum
         help="measure every lossless torch mode (float32, bfloat16 invariant), record the "
         "faster as this device's default (used when no --dtype is given)",
     )
+    p.add_argument(
+        "--sampling",
+        action="store_true",
+        help="the sampling path's curve (verify with logits, what auto plans with at "
+        "temperature > 0) instead of the greedy one",
+    )
     return p
 
 
@@ -44,11 +51,15 @@ def main(args: argparse.Namespace) -> int:
         args.model, backend=args.backend, dtype=args.dtype, invariant=args.invariant
     )
     assets = model.assets
-    cost = assets.cost_profile() if args.show else assets.measure_cost_profile(reps=args.reps)
+    smp = args.sampling
+    if args.show:
+        cost = assets.cost_profile(sampling=smp)
+    else:
+        cost = assets.measure_cost_profile(reps=args.reps, sampling=smp)
     if args.json:
         print(json.dumps(cost.to_json()))
         return 0
-    print(f"profile: {assets.profile_path()}")
+    print(f"profile: {assets.profile_path(smp)}  ({'sampling' if smp else 'greedy'} path)")
     print(f"device:  {cost.meta.get('device', '?')}  backend: {cost.meta.get('backend', '?')}  "
           f"mode: {cost.meta.get('mode', '?')}")
     header = "rows".rjust(8) + "".join(f"ctx {int(c)}".rjust(12) for c in cost.contexts)

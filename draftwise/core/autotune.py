@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from draftwise.core.costmodel import CostModel
 from draftwise.core.drafters.base import Drafter
 from draftwise.core.drafters.compose import load_members, save_members
-from draftwise.core.tree import DraftTree, merge_trees
+from draftwise.core.tree import DraftTree, merge_trees, path_reduce
 from draftwise.errors import DraftwiseError
 
 # Beta prior of every acceptance cell: p = 0.2, worth 1.25 observations, so that a few
@@ -78,12 +78,19 @@ class AcceptanceModel:
             np.minimum(tree.sibling_rank(), n_rank - 1),
         )
 
-    def node_probs(self, tree: DraftTree) -> np.ndarray:
+    def index(self, tree: DraftTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(source, depth, rank) cell of every node; pass it back to ``node_probs`` and
+        ``observe`` for the same tree to skip recomputing it."""
+        return self._index(tree)
+
+    def node_probs(self, tree: DraftTree, index: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
         """(N,) conditional acceptance probability of each node."""
-        i = self._index(tree)
+        i = self._index(tree) if index is None else index
         return self.hits[i] / self.tries[i]
 
-    def observe(self, tree: DraftTree, emitted: np.ndarray) -> None:
+    def observe(
+        self, tree: DraftTree, emitted: np.ndarray, index: tuple[np.ndarray, ...] | None = None
+    ) -> None:
         """Score ``tree`` against the tokens the model emitted after its root: a node is
         *reached* when its parent's path matches, *accepted* when its token matches too."""
         if len(tree) == 0 or emitted.size == 0:
@@ -96,7 +103,7 @@ class AcceptanceModel:
             return
         self.hits = self.prior[0] + (self.hits - self.prior[0]) * self.decay
         self.tries = sum(self.prior) + (self.tries - sum(self.prior)) * self.decay
-        s, d, r = (a[reached] for a in self._index(tree))
+        s, d, r = (a[reached] for a in (self._index(tree) if index is None else index))
         np.add.at(self.tries, (s, d, r), 1.0)
         np.add.at(self.hits, (s, d, r), ok[reached].astype(np.float64))
 
@@ -110,11 +117,12 @@ def matched(tree: DraftTree, emitted: np.ndarray) -> np.ndarray:
         >>> matched(t, np.array([1, 3])).tolist()   # nodes: 1, 4, 2, 3
         [True, False, False, True]
     """
-    ok = np.zeros(len(tree), bool)
-    for i, (p, d, tok) in enumerate(zip(tree.parents.tolist(), tree.depth.tolist(), tree.tokens.tolist())):
-        if d <= emitted.size and (p < 0 or ok[p]):
-            ok[i] = tok == emitted[d - 1]
-    return ok
+    if len(tree) == 0 or emitted.size == 0:
+        return np.zeros(len(tree), bool)
+    depth = tree.depth
+    at = np.minimum(depth, emitted.size) - 1  # (N,) the emitted token at the node's depth
+    own = (depth <= emitted.size) & (tree.tokens == emitted[at])  # (N,) the node alone
+    return path_reduce(tree.parents, own, np.logical_and, tree.max_depth)  # and every ancestor
 
 
 def choose_subtree(
@@ -123,21 +131,19 @@ def choose_subtree(
     cost: CostModel,
     context_len: int,
     max_nodes: int | None = None,
+    index: tuple[np.ndarray, ...] | None = None,
 ) -> DraftTree:
     """The best-first prefix of ``tree`` (at most ``max_nodes`` nodes) with the most
-    expected tokens per ms."""
-    if len(tree) == 0:
-        return tree
-    p = acc.node_probs(tree)
-    path_p = np.empty(len(tree))
-    for i, parent in enumerate(tree.parents.tolist()):
-        path_p[i] = p[i] * (path_p[parent] if parent >= 0 else 1.0)
-    order = np.lexsort((np.arange(len(tree)), -path_p))  # best first, parents before children
+    expected tokens per ms (``index``: ``acc.index(tree)``, when already known)."""
+    if len(tree) == 0 or max_nodes == 0:
+        return DraftTree.empty()
+    path_p = path_reduce(tree.parents, acc.node_probs(tree, index), np.multiply, tree.max_depth)
+    order = np.argsort(-path_p, kind="stable")  # best first, ties by index: parents first
     gain = 1.0 + np.concatenate([[0.0], np.cumsum(path_p[order])])  # (N+1,) tokens per step
-    ms = cost.cost(np.arange(1, len(tree) + 2), context_len)  # (N+1,) verify time of n nodes
+    ms = cost.cost_upto(len(tree) + 1, context_len)  # (N+1,) verify time of n nodes
     limit = len(tree) if max_nodes is None else min(max_nodes, len(tree))
     n = int(np.argmax((gain / ms)[: limit + 1]))
-    return tree.subset(order[:n])
+    return tree.subset(order[:n]) if n else DraftTree.empty()
 
 
 class AutoDrafter:
@@ -149,15 +155,34 @@ class AutoDrafter:
 
     name = "auto"
 
-    def __init__(self, members: Sequence[Drafter], cost: CostModel, max_budget: int = 64) -> None:
+    def __init__(
+        self,
+        members: Sequence[Drafter],
+        cost: CostModel,
+        max_budget: int = 64,
+        sampling_cost: Callable[[], CostModel] | None = None,
+    ) -> None:
+        """``cost``: the greedy path's curve; ``sampling_cost``: gives the curve measured
+        with logits (asked for on the first generation at temperature > 0; ``None``:
+        plan with ``cost`` on both paths)."""
         if not members:
             raise DraftwiseError("the auto drafter needs at least one member drafter")
         self.members = list(members)
-        self.cost = cost
+        self.greedy_cost = cost
+        self.cost = cost  # the curve of the path in use (see plan_for)
+        self._sampling_cost = sampling_cost
         self.max_budget = max_budget
         self.acc = AcceptanceModel(n_sources=len(self.members))
         self.last_budget = 0
-        self._pending: deque[tuple[DraftTree, int]] = deque()  # (full tree, root index)
+        # (full tree, root index, its acceptance cells) awaiting the tokens that judge it
+        self._pending: deque[tuple[DraftTree, int, tuple[np.ndarray, ...]]] = deque()
+
+    def plan_for(self, sampling: bool) -> None:
+        """Plan with the cost curve of the verify path in use (called by the decoder)."""
+        if not sampling or self._sampling_cost is None:
+            self.cost = self.greedy_cost
+        else:
+            self.cost = self._sampling_cost()
 
     def reset(self) -> None:
         for m in self.members:
@@ -178,8 +203,9 @@ class AutoDrafter:
         # merged uncut: a breadth-first cut would let one member's shallow guesses push
         # out another's deep ones; the choice below keeps the best ``cap`` nodes instead
         full = merge_trees([m.propose(context, cap) for m in self.members])
-        self._pending.append((full, context.size))
-        chosen = choose_subtree(full, self.acc, self.cost, context.size, cap)
+        index = self.acc.index(full)  # (source, depth, rank) cells: planning and scoring
+        self._pending.append((full, context.size, index))
+        chosen = choose_subtree(full, self.acc, self.cost, context.size, cap, index)
         self.last_budget = len(chosen)
         return chosen
 
@@ -195,9 +221,9 @@ class AutoDrafter:
             m.update(context, n_new)
         # score pending trees once every node's fate is known (or 8 steps later)
         while self._pending:
-            tree, root_end = self._pending[0]
+            tree, root_end, index = self._pending[0]
             known = context.size - root_end
             if known < tree.max_depth and len(self._pending) < 8:
                 break
             self._pending.popleft()
-            self.acc.observe(tree, context[root_end : root_end + tree.max_depth])
+            self.acc.observe(tree, context[root_end : root_end + tree.max_depth], index)

@@ -32,6 +32,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from draftwise.core.device import DeviceInfo
+from draftwise.core.sampling import SamplingParams
 from draftwise.core.tree import DraftTree
 
 
@@ -71,3 +72,19 @@ class Backend(Protocol):
 
     def commit(self, keep: np.ndarray) -> None:
         """Keep rows ``keep`` of the last ``verify`` in the cache; see the module docstring."""
+
+
+@runtime_checkable
+class SamplingVerifier(Protocol):
+    """A backend that can sample every verify row where its logits are (on the device).
+    ``device_sampling`` says whether the decoder should: True where the logits live off
+    the host (CUDA); on CPU the host samples only the rows acceptance visits."""
+
+    device_sampling: bool
+
+    def verify_sampled(
+        self, root: int, tree: DraftTree, params: SamplingParams, u: np.ndarray, recent: np.ndarray
+    ) -> np.ndarray:
+        """Like ``verify``, but returns (N+1,) tokens: row ``r`` sampled as
+        ``next_token(logits[r], recent[r], params, u[r])`` with ``u`` (N+1,) and the
+        penalty windows ``recent`` (N+1, W)."""

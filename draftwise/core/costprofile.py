@@ -19,8 +19,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from draftwise.core.backend import Backend
+from draftwise.core.backend import Backend, SamplingVerifier
 from draftwise.core.costmodel import CostModel
+from draftwise.core.sampling import SamplingParams, recent_windows
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
 
@@ -36,8 +37,13 @@ def measure_cost_curve(
     progress: Callable[[int, int], None] | None = None,
     meta: dict[str, str] | None = None,
     time_budget_s: float | None = None,
+    need_logits: bool = False,
 ) -> CostModel:
     """Median verify ms for every (context, rows) pair; the cache is emptied after.
+
+    ``need_logits``: time the sampling path's verify (as at temperature > 0: every row's
+    logits brought to the host, or every row sampled on the device where the backend
+    does that) instead of the greedy one (argmax only).
 
     ``time_budget_s`` bounds a first-use measurement on a slow device (mlx[cpu] takes
     seconds per wide verify): the first context is always measured whole, with fewer
@@ -61,8 +67,9 @@ def measure_cost_curve(
             backend.prefill(tokens[:ctx])
             for j, r in enumerate(rows):
                 tree = DraftTree.chain(tokens[ctx + 1 : ctx + r].tolist())
+                step = _step(backend, tree, int(tokens[ctx]), need_logits, tokens[:ctx])
                 t0 = time.perf_counter()
-                backend.verify(int(tokens[ctx]), tree, need_logits=False)  # warm-up
+                step()  # warm-up
                 warm = [(time.perf_counter() - t0) * 1e3]
                 n = reps
                 if deadline is not None:
@@ -71,7 +78,7 @@ def measure_cost_curve(
                 times = []
                 for _ in range(n):
                     t0 = time.perf_counter()
-                    backend.verify(int(tokens[ctx]), tree, need_logits=False)
+                    step()
                     times.append((time.perf_counter() - t0) * 1e3)
                 table[i, j] = statistics.median(times or warm)
                 done += 1
@@ -83,3 +90,18 @@ def measure_cost_curve(
     if progress is not None and done < total:
         progress(total, total)  # the skipped contexts: close the bar
     return CostModel(rows, table[:measured], ctxs[:measured], meta)
+
+
+def _step(
+    backend: Backend, tree: DraftTree, root: int, need_logits: bool, context: np.ndarray
+) -> Callable[[], object]:
+    """One timed verify of ``tree``: the greedy one, or what sampling runs per step."""
+    if need_logits and isinstance(backend, SamplingVerifier) and backend.device_sampling:
+        params = SamplingParams(temperature=1.0, top_p=0.95)  # the full per-row work
+        recent = recent_windows(
+            np.concatenate([context, [root]]), tree.tokens, tree.parents, tree.depth,
+            params.repetition_context,
+        )
+        u = np.full(len(tree) + 1, 0.5)
+        return lambda: backend.verify_sampled(root, tree, params, u, recent)
+    return lambda: backend.verify(root, tree, need_logits=need_logits)

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from draftwise.core.acceptance import accept, accept_greedy
-from draftwise.core.backend import Backend
+from draftwise.core.backend import Backend, SamplingVerifier
 from draftwise.core.batch import BatchDrafter, BatchVerifier, accept_batch, check_drafts
-from draftwise.core.drafters.base import Drafter
+from draftwise.core.drafters.base import Drafter, PathAware
 from draftwise.core.prefixes import Prefixes, Snapshots
-from draftwise.core.sampling import SamplingParams, next_token
+from draftwise.core.sampling import SamplingParams, next_token, recent_windows
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
 
@@ -121,19 +121,25 @@ class Decoder:
             raise DraftwiseError(
                 f"the prompt has {prompt.size} tokens; the model's context limit is {limit}"
             )
-        rng = np.random.default_rng(seed)
+        # One uniform per emitted token, keyed by its position: the token at absolute
+        # position prompt.size + e is drawn at u[e], whichever step and tree row emits it
+        # (the same draws, in the same order, as one rng.random() per token).
+        uniforms = np.random.default_rng(seed).random(max_tokens + budget + 2)
         seq = np.empty(prompt.size + max_tokens + budget + 1, np.int64)
         seq[: prompt.size] = prompt
         n = prompt.size  # tokens in seq; seq[n-1] is the uncached root
         emitted = 0
         self._prefill(prompt)
         drafter.begin(prompt)
+        batched = self._use_batch(drafter, params)  # fixed for the generation
+        if isinstance(drafter, PathAware):
+            drafter.plan_for(params.needs_logits)  # auto: the sampling path's cost curve
         try:
             while True:
                 room = limit - self.backend.cache_len - 1  # rows left after the root
                 cap = max(0, min(budget, room, max_tokens - emitted - 1))
                 t0 = time.perf_counter()
-                if self._use_batch(drafter, params):
+                if batched:
                     drafts = check_drafts(drafter.propose_batch(seq[:n], cap))  # type: ignore[attr-defined]
                     drafts = drafts[:, : min(drafts.shape[1], room, max_tokens - emitted - 1)]
                     t1 = time.perf_counter()
@@ -143,7 +149,7 @@ class Decoder:
                 else:
                     tree = drafter.propose(seq[:n], cap)
                     t1 = time.perf_counter()
-                    path, bonus = self._verify(seq[:n], tree, params, rng)
+                    path, bonus = self._verify(seq[:n], tree, params, uniforms[emitted:])
                     new = [int(t) for t in tree.tokens[path]] + [bonus]
                     n_acc, n_drafted = len(path), len(tree)
                 t2 = time.perf_counter()
@@ -195,23 +201,38 @@ class Decoder:
         return [int(t) for t in drafts[row, :n_acc]] + [bonus], int(drafts.size)
 
     def _verify(
-        self, context: np.ndarray, tree: DraftTree, params: SamplingParams, rng: np.random.Generator
+        self, context: np.ndarray, tree: DraftTree, params: SamplingParams, u: np.ndarray
     ) -> tuple[list[int], int]:
-        """One forward pass over the tree; commits the accepted path to the cache."""
+        """One forward pass over the tree; commits the accepted path to the cache. ``u``:
+        the uniforms of this step's tokens, ``u[d]`` for the token at depth ``d``."""
+        backend = self.backend
+        if params.needs_logits and isinstance(backend, SamplingVerifier) and backend.device_sampling:
+            # every row sampled on the device; descend as greedy over the sampled tokens
+            window = params.repetition_context
+            recent = recent_windows(context, tree.tokens, tree.parents, tree.depth, window)
+            rows_u = u[tree.verify_positions()]  # (N+1,) row r emits the token at its depth
+            sampled = backend.verify_sampled(int(context[-1]), tree, params, rows_u, recent)
+            path, bonus = accept_greedy(tree, sampled)
+        else:
+            path, bonus = self._verify_host(context, tree, params, u)
+        backend.commit(np.asarray([0] + [p + 1 for p in path], dtype=np.int64))
+        return path, bonus
+
+    def _verify_host(
+        self, context: np.ndarray, tree: DraftTree, params: SamplingParams, u: np.ndarray
+    ) -> tuple[list[int], int]:
+        """The forward, then acceptance on the host (argmax, or each row's logits)."""
         out = self.backend.verify(int(context[-1]), tree, need_logits=params.needs_logits)
         if not params.needs_logits:
-            path, bonus = accept_greedy(tree, out.argmax)
-        else:
-            logits = out.logits
-            assert logits is not None  # the backend contract, not user input
-            window = params.repetition_context
+            return accept_greedy(tree, out.argmax)
+        logits = out.logits
+        assert logits is not None  # the backend contract, not user input
+        window = params.repetition_context
 
-            def emit(row: int, path: list[int]) -> int:
-                recent = context[:0]  # repetition_context == 0: no penalty window
-                if window:
-                    recent = np.concatenate([context[-window:], tree.tokens[path]])[-window:]
-                return next_token(logits[row], recent, params, float(rng.random()))
+        def emit(row: int, path: list[int]) -> int:
+            recent = context[:0]  # repetition_context == 0: no penalty window
+            if window:
+                recent = np.concatenate([context[-window:], tree.tokens[path]])[-window:]
+            return next_token(logits[row], recent, params, float(u[len(path)]))
 
-            path, bonus = accept(tree, emit)
-        self.backend.commit(np.asarray([0] + [p + 1 for p in path], dtype=np.int64))
-        return path, bonus
+        return accept(tree, emit)

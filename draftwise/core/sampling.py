@@ -110,3 +110,34 @@ def next_token(logits: np.ndarray, recent: np.ndarray, params: SamplingParams, u
         x = apply_repetition_penalty(np.asarray(logits), recent, params.repetition_penalty)
         return int(np.argmax(x))
     return sample(probabilities(logits, recent, params), u)
+
+
+def recent_windows(context: np.ndarray, tokens: np.ndarray, parents: np.ndarray,
+                   depth: np.ndarray, window: int) -> np.ndarray:
+    """(N+1, window) the penalty window of every verify row: the last ``window`` tokens
+    of the context followed by the row's path (the root's row has no path). A context
+    shorter than the window is padded on the left with its first token (a token already
+    in the window, so the set of penalised tokens is unchanged).
+
+    Example::
+
+        >>> recent_windows(np.array([7, 8]), np.array([5, 6]), np.array([-1, 0]),
+        ...                np.array([1, 2]), 3).tolist()
+        [[7, 7, 8], [7, 8, 5], [8, 5, 6]]
+    """
+    n = tokens.size
+    if window == 0:
+        return np.zeros((n + 1, 0), np.int64)
+    d_max = int(depth.max()) if n else 0
+    tail = context[-window:]
+    ctx = np.concatenate([np.full(window - tail.size, tail[0], np.int64), tail])  # (W,)
+    path = np.zeros((n + 1, d_max), np.int64)  # row r: tokens of its path by depth
+    rows = np.arange(1, n + 1)
+    node = np.arange(n)
+    while node.size:  # one vector step per depth level: each node writes its ancestors
+        path[rows, depth[node] - 1] = tokens[node]
+        keep = parents[node] >= 0
+        rows, node = rows[keep], parents[node][keep]
+    full = np.concatenate([np.broadcast_to(ctx, (n + 1, window)), path], axis=1)  # (R, W+D)
+    d = np.concatenate([[0], depth])  # (R,) path length of each row
+    return full[np.arange(n + 1)[:, None], d[:, None] + np.arange(window)]

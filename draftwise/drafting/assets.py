@@ -69,7 +69,7 @@ class Assets:
         self.progress = progress
         self.on_backend_reset = on_backend_reset  # profiling empties the KV cache
         self._root = root
-        self._cost: CostModel | None = None
+        self._costs: dict[bool, CostModel] = {}  # by sampling path (True: with logits)
         self._bigram: BigramTable | None = None
         self._frozen: FrozenTable | None | bool = False  # False: not looked up yet
 
@@ -85,50 +85,64 @@ class Assets:
         return None if quiet or self.progress is None else self.progress(label)
 
     # ----- cost profile -----------------------------------------------------------------
-    def profile_path(self) -> Path:
-        """Where this model's cost profile on this device lives."""
+    def profile_path(self, sampling: bool = False) -> Path:
+        """Where this model's cost profile on this device lives (``sampling``: the one
+        measured with every row's logits on the host, the path at temperature > 0)."""
         dev = self.device
         key = f"v{PROFILE_VERSION}|{dev.key()}|{self.backend.name}|{self.model_dir.resolve()}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        return self.root / "profiles" / f"{self.model_dir.name}-{self.backend.name}-{digest}.json"
+        kind = "-sampling" if sampling else ""
+        return self.root / "profiles" / f"{self.model_dir.name}-{self.backend.name}{kind}-{digest}.json"
 
     def measure_cost_profile(
-        self, reps: int = 3, quiet: bool = False, time_budget_s: float | None = None
+        self,
+        reps: int = 3,
+        quiet: bool = False,
+        time_budget_s: float | None = None,
+        sampling: bool = False,
     ) -> CostModel:
-        """Measure and store the cost curve (what ``draftwise tune`` runs, in full)."""
+        """Measure and store the cost curve (what ``draftwise tune`` runs, in full);
+        ``sampling``: verify with logits, as the sampling path does."""
         dev = self.device
         meta = {"device": dev.describe(), "backend": self.backend.name, "model": str(self.model_dir),
-                "dtype": dev.dtype, "mode": dev.mode, "threads": str(dev.threads)}
-        bar = self._bar("draftwise: measuring verify cost on this device", quiet)
+                "dtype": dev.dtype, "mode": dev.mode, "threads": str(dev.threads),
+                "path": "sampling (logits)" if sampling else "greedy (argmax)"}
+        label = "sampling " if sampling else ""
+        bar = self._bar(f"draftwise: measuring {label}verify cost on this device", quiet)
         try:
             cost = measure_cost_curve(
-                self.backend, reps=reps, progress=bar, meta=meta, time_budget_s=time_budget_s
+                self.backend, reps=reps, progress=bar, meta=meta, time_budget_s=time_budget_s,
+                need_logits=sampling,
             )
         finally:
             if self.on_backend_reset is not None:
                 self.on_backend_reset()
-        cost.save(self.profile_path())
-        self._cost = cost
+        cost.save(self.profile_path(sampling))
+        self._costs[sampling] = cost
         return cost
 
-    def cost_profile(self, quiet: bool = False, reps: int = 3) -> CostModel:
+    def cost_profile(self, quiet: bool = False, reps: int = 3, sampling: bool = False) -> CostModel:
         """The stored profile, or a fresh measurement when there is none or it is unreadable."""
-        if self._cost is not None:
-            return self._cost
-        path = self.profile_path()
+        if sampling in self._costs:
+            return self._costs[sampling]
+        path = self.profile_path(sampling)
         if path.is_file():
             try:
-                self._cost = CostModel.load(path)
-                return self._cost
+                self._costs[sampling] = CostModel.load(path)
+                return self._costs[sampling]
             except DraftwiseError as exc:
                 if not quiet:
                     print(f"draftwise: {exc}; measuring again", file=sys.stderr)
         # first use, on the way to a generation: bounded (``draftwise tune`` measures in full)
-        return self.measure_cost_profile(reps=reps, quiet=quiet, time_budget_s=FIRST_USE_BUDGET_S)
+        return self.measure_cost_profile(
+            reps=reps, quiet=quiet, time_budget_s=FIRST_USE_BUDGET_S, sampling=sampling
+        )
 
-    def use_cost_profile(self, cost: CostModel) -> None:
-        """Plan with ``cost`` instead of measuring (replays, tests)."""
-        self._cost = cost
+    def use_cost_profile(self, cost: CostModel, sampling: bool | None = None) -> None:
+        """Plan with ``cost`` instead of measuring (replays, tests); ``None``: for both
+        the greedy and the sampling path."""
+        for kind in (False, True) if sampling is None else (sampling,):
+            self._costs[kind] = cost
 
     # ----- draft model forward cost -------------------------------------------------------
     def draft_profile_path(self, draft_key: str) -> Path:
@@ -213,7 +227,7 @@ class Assets:
     def ready(self, asset: str) -> bool:
         """Whether ``asset`` is in memory or on disk, so using it costs no build."""
         if asset == COST_PROFILE:
-            return self._cost is not None or self.profile_path().is_file()
+            return False in self._costs or self.profile_path().is_file()
         if asset == BIGRAM_TABLE:
             return self._bigram is not None or self.bigram_path().is_file()
         raise DraftwiseError(f"unknown asset {asset!r}")

@@ -72,7 +72,11 @@ def build_auto(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     cost = opts.pop("cost", None)
     if cost is None:
         assets = ctx.need_assets("auto", "this device's cost profile (cost=CostModel)")
-        cost = assets.cost_profile(quiet=ctx.progress is None)
+        quiet = ctx.progress is None
+        cost = assets.cost_profile(quiet=quiet)
+        # at temperature > 0 each verify brings every row's logits to the host: its own
+        # curve, measured (or read) on the first such generation
+        opts.setdefault("sampling_cost", lambda: assets.cost_profile(quiet=quiet, sampling=True))
     precise = Cacheback(ll=3, table="dynamic")
     precise.name = "cacheback-ll3"  # its own state file beside the others (save_members)
     members = [precise, SSD(), build_cacheback(ctx, {})]

@@ -43,7 +43,9 @@ def test_bench_writes_four_files(default_model_dir: Path, tmp_path: Path) -> Non
             "--drafters",
             "none,cacheback,cacheback:budget=2",
             "--peers",
-            "hf",
+            "hf,llama.cpp",
+            "--reference-dtype",
+            "float32",
             "--backend",
             "torch",
             "--no-progress",
@@ -63,14 +65,21 @@ def test_bench_writes_four_files(default_model_dir: Path, tmp_path: Path) -> Non
     res = json.loads((out / "results.json").read_text())
     assert res["complete"] is True
     recs = res["records"]
-    assert sorted(x["method"] for x in recs) == ["cacheback", "cacheback:budget=2", "hf", "none"]
+    methods = sorted(x["method"] for x in recs if x["method"] != "llama.cpp")
+    assert methods == ["cacheback", "cacheback:budget=2", "hf", "none", "none@float32"]
+    # llama.cpp runs when llama-cpp-python is installed, else it is skipped with the reason
+    assert "llama.cpp" in {x["method"] for x in recs} or "llama.cpp" in res["skipped_peers"]
     assert all(x["prompt_id"] == "qa-1" and 0 < x["tokens"] <= 8 for x in recs)
     assert all(x["identical"] for x in recs if x["kind"] == "drafter")  # lossless
+    # the float32 reference of a float32 run: plain decoding again, the same tokens
+    ref = next(x for x in recs if x["method"] == "none@float32")
+    assert ref["kind"] == "reference" and ref["identical"] and res["config"]["reference"] == "none@float32"
     # The tree size used per step is recorded; a per-method budget caps it.
     trees = {x["method"]: x["tree_sizes"] for x in recs}
     assert set(trees["none"]) == {0} and max(trees["cacheback:budget=2"]) <= 2
     assert max(trees["cacheback"]) > 2  # the shipped frozen table fills more of the 16-node budget
     rows = {r["method"]: r for r in res["summary"] if r["category"] == "overall"}
     assert rows["none"]["tree_per_step"] == 0 and rows["hf"]["tree_per_step"] is None
+    assert all(rows[m]["speedup_vs_reference"] > 0 for m in ("none", "cacheback", "hf"))
     md = (out / "results.md").read_text()
-    assert "| cacheback |" in md and "prefill included" in md
+    assert "| cacheback |" in md and "prefill included" in md and "vs reference" in md

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from draftwise.core.autotune import AcceptanceModel, AutoDrafter, CostModel, choose_subtree
+from draftwise.core.autotune import AcceptanceModel, AutoDrafter, CostModel, choose_subtree, matched
 from draftwise.core.decode import Decoder
 from draftwise.core.drafters.base import NoDrafter
 from draftwise.core.drafters.cacheback import Cacheback
@@ -108,7 +108,7 @@ def test_auto_members_precise_first_and_learnt_apart():
     ctx = np.array([5, 6, 7, 8, 9, 5, 6, 7])
     auto.begin(ctx)
     tree = auto.propose(ctx, 16)
-    full, _ = auto._pending[-1]
+    full, _, _ = auto._pending[-1]
     assert 8 in full.tokens[full.depth == 1].tolist()
     assert full.source[full.tokens.tolist().index(8)] == 0
     assert len(tree) <= len(full)
@@ -146,3 +146,45 @@ def test_broad_member_does_not_crowd_out_a_deep_one():
     ctx = np.array([0, 1, 2])
     tree = auto.propose(ctx, 6)
     assert tree.tokens.tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def _random_tree(rng: np.random.Generator, n: int) -> DraftTree:
+    parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]
+    return DraftTree(rng.integers(0, 4, n), parents, rng.integers(0, 3, n))
+
+
+def test_vectorised_host_work_matches_node_loops() -> None:
+    """matched, sibling ranks, path products and cost_upto equal their plain loops."""
+    from draftwise.core.tree import path_reduce
+
+    rng = np.random.default_rng(7)
+    cost = CostModel([1, 4, 16], [[10.0, 12.0, 20.0], [14.0, 15.0, 30.0]], [128, 1024])
+    for n in (1, 2, 9, 40):
+        t = _random_tree(rng, n)
+        emitted = rng.integers(0, 4, int(rng.integers(1, 6)))
+        ok, rank, prod, seen = np.zeros(n, bool), np.zeros(n, int), np.zeros(n), {}
+        p = rng.random(n)
+        for i, (par, d, tok) in enumerate(zip(t.parents, t.depth, t.tokens)):
+            ok[i] = d <= emitted.size and (par < 0 or ok[par]) and tok == emitted[d - 1]
+            rank[i], seen[par] = seen.get(par, 0), seen.get(par, 0) + 1
+            prod[i] = p[i] * (prod[par] if par >= 0 else 1.0)
+        assert matched(t, emitted).tolist() == ok.tolist()
+        assert t.sibling_rank().tolist() == rank.tolist()
+        assert np.allclose(path_reduce(t.parents, p, np.multiply), prod, rtol=1e-12)
+        for ctx in (50, 300, 5000):
+            assert np.array_equal(cost.cost_upto(n + 1, ctx), cost.cost(np.arange(1, n + 2), ctx))
+
+
+def test_sampling_generation_plans_with_the_logits_cost_curve():
+    """At temperature > 0 auto asks for the sampling path's curve; greedy keeps its own."""
+    greedy = CostModel(rows=[1, 64], ms=[10.0, 10.0])  # flat: every node pays
+    steep = CostModel(rows=[1, 64], ms=[10.0, 640.0])  # with logits: no tree pays
+    asked = []
+    auto = AutoDrafter([Cacheback()], greedy, sampling_cost=lambda: asked.append(1) or steep)
+    dec = Decoder(FakeBackend())
+    prompt = [1, 2, 3, 4] * 6
+    sampled = list(dec.steps(prompt, auto, SamplingParams(temperature=0.8), 12, seed=3))
+    assert auto.cost is steep and asked == [1]
+    assert all(s.drafted == 0 for s in sampled)  # the steep curve keeps nothing
+    list(dec.steps(prompt, auto, SamplingParams(), 12))
+    assert auto.cost is greedy and asked == [1]

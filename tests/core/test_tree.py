@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from draftwise.core.tree import DraftTree, TreeBuilder
+from draftwise.core.tree import DraftTree, TreeBuilder, merge_trees
 from draftwise.errors import DraftwiseError
 
 
@@ -68,3 +68,28 @@ def test_random_trees_mask_matches_paths():
                 hits = np.flatnonzero((t.parents == node) & (t.tokens == tok))
                 assert hits.size == 1
                 node = int(hits[0])
+
+
+def test_merge_trees_is_the_union_of_paths_first_tree_wins() -> None:
+    """Random trees: every input path once, sources from the first tree holding it,
+    breadth-first order, and a budget keeps the shallowest nodes."""
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        trees = [
+            DraftTree.from_paths([rng.integers(0, 3, rng.integers(1, 5)).tolist() for _ in range(4)])
+            for _ in range(3)
+        ]
+        m = merge_trees(trees)
+
+        def paths(t: DraftTree) -> list[tuple[int, ...]]:
+            return [tuple(t.tokens[t.path_to(i)].tolist()) for i in range(len(t))]
+
+        want: dict[tuple[int, ...], int] = {}
+        for k, t in enumerate(trees):
+            for p in paths(t):
+                want.setdefault(p, k)
+        got = paths(m)
+        assert sorted(got) == sorted(want) and [want[p] for p in got] == m.source.tolist()
+        assert np.all(np.diff(m.depth) >= 0)
+        cut = merge_trees(trees, budget=5)
+        assert paths(cut) == got[:5]

@@ -22,7 +22,8 @@ from typing import Any
 from draftwise.apps.bench.metrics import OVERALL, SummaryRow, mark_identical, summarize
 from draftwise.apps.bench.peers import PEER_NAMES, check_peer_names, make_peers
 from draftwise.apps.bench.prompts import BenchItem, read_prompts, select_items
-from draftwise.apps.bench.records import TurnRecord
+from draftwise.apps.bench.llamacpp import find_gguf
+from draftwise.apps.bench.records import REFERENCE, TurnRecord
 from draftwise.apps.bench.report import device_info, render_markdown, write_json, write_text
 from draftwise.apps.bench.runner import (
     BASELINE_NAME,
@@ -81,6 +82,13 @@ def setup_arg_parser(p: argparse.ArgumentParser | None = None) -> argparse.Argum
         help="record CPU, cores, GPU and library versions in the results",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--reference-dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="also run plain decoding on a second copy of the model in this dtype "
+        "(none@DTYPE) and report every method's speedup against it too",
+    )
     add_model_args(p)
     add_sampling_args(p)
     return p
@@ -160,7 +168,18 @@ def main(args: argparse.Namespace) -> int:
     device = "cuda" if "cuda" in model.backend.name else "cpu"
     default_threads = _default_threads(model, drafters)
     methods: list[Any] = [DraftwiseMethod(model, d, gen, default_threads) for d in drafters]
-    peers, skipped = make_peers(peer_names, model.model_dir, eos, device, args.dtype)
+    reference = None
+    if args.reference_dtype is not None:
+        ref_model = draftwise.load(args.model, backend=args.backend, dtype=args.reference_dtype)
+        reference = f"{BASELINE_NAME}@{args.reference_dtype}"
+        methods.append(
+            DraftwiseMethod(ref_model, BASELINE_NAME, gen, default_threads, reference, REFERENCE)
+        )
+    gguf, no_gguf = find_gguf(args.model, model.model_dir)
+    threads = model.backend.device_info().threads
+    peers, skipped = make_peers(
+        peer_names, model.model_dir, eos, device, args.dtype, gguf, threads, no_gguf
+    )
     methods += peers
     for name, why in skipped.items():
         print(f"draftwise bench: peer {name} skipped: {why}", file=sys.stderr)
@@ -183,6 +202,10 @@ def main(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "lifetime": args.lifetime,
         "eos_token_ids": eos,
+        "reference": reference,
+        "reference_backend": methods[len(drafters)].model.backend.name if reference else None,
+        "llama_cpp_gguf": str(gguf) if gguf is not None else None,
+        "llama_cpp_threads": threads,
         "hf_peer_device": device,
         "hf_peer_dtype": args.dtype
         if args.dtype in ("float32", "bfloat16", "float16")
@@ -220,7 +243,8 @@ def main(args: argparse.Namespace) -> int:
     for r in rows:
         if r.category == OVERALL:
             spd = "n/a" if r.speedup is None else f"{r.speedup:.2f}x"
-            print(f"pass {r.pass_no} {r.method:>12}: {r.tokens_per_s:8.1f} tok/s  {spd}")
+            ref = "" if r.speedup_vs_reference is None else f"  {r.speedup_vs_reference:.2f}x vs reference"
+            print(f"pass {r.pass_no} {r.method:>12}: {r.tokens_per_s:8.1f} tok/s  {spd}{ref}")
     print(f"results in {args.out}/results.md", file=sys.stderr)
     return 0
 

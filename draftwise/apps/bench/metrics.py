@@ -5,6 +5,8 @@ Definitions (per category and overall, per pass of ``--lifetime``):
 - tokens/s of a turn = generated tokens / wall time of the turn (prefill included);
   a method's tokens/s = the mean over its turns.
 - speedup = method's mean tokens/s / the baseline's mean tokens/s (Spec-Bench);
+  ``speedup_vs_reference``: the same against the ``reference`` method (plain decoding in
+  the ``--reference-dtype``, e.g. float32), measured in the same run;
   ``speedup_median`` = median over turns of (method tok/s / baseline tok/s, same turn);
   ``decode_speedup`` = the mean-ratio speedup with prefill time left out.
 - MAT (mean accepted tokens) = tokens / verification steps, the bonus token included
@@ -32,10 +34,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from draftwise.apps.bench.records import BASELINE, DRAFTER, PEER, TurnRecord
+from draftwise.apps.bench.records import BASELINE, DRAFTER, PEER, REFERENCE, TurnRecord
 
 OVERALL = "overall"
-__all__ = ["BASELINE", "DRAFTER", "OVERALL", "PEER", "SummaryRow", "mark_identical", "summarize"]
+__all__ = [
+    "BASELINE", "DRAFTER", "OVERALL", "PEER", "REFERENCE", "SummaryRow", "mark_identical", "summarize"
+]
 
 
 @dataclass
@@ -58,13 +62,26 @@ class SummaryRow:
     identical: int
     identical_rate: float | None
     tree_per_step: float | None = None  # draft nodes verified per step (the budget used)
+    speedup_vs_reference: float | None = None  # mean tok/s over the reference method's
+
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _baselines(records: Sequence[TurnRecord]) -> dict[tuple[int, str, int], TurnRecord]:
-    return {r.key: r for r in records if r.kind == BASELINE}
+def _baselines(
+    records: Sequence[TurnRecord], kind: str = BASELINE
+) -> dict[tuple[int, str, int], TurnRecord]:
+    return {r.key: r for r in records if r.kind == kind}
+
+
+def _mean_ratio(group: Sequence[TurnRecord], refs: dict[tuple[int, str, int], TurnRecord]) -> float | None:
+    """Mean tok/s of ``group`` over the mean tok/s of the same turns in ``refs``."""
+    paired = [(r, refs[r.key]) for r in group if r.key in refs]
+    if not paired:
+        return None
+    m_tps = statistics.fmean(_tps(r.tokens, r.wall_s) for r, _ in paired)
+    return _ratio(m_tps, statistics.fmean(_tps(b.tokens, b.wall_s) for _, b in paired))
 
 
 def mark_identical(
@@ -102,6 +119,7 @@ def _row(
     category: str,
     group: list[TurnRecord],
     base: dict[tuple[int, str, int], TurnRecord],
+    reference: dict[tuple[int, str, int], TurnRecord] | None = None,
 ) -> SummaryRow:
     first = group[0]
     refs = [base.get(r.key) for r in group]
@@ -144,6 +162,7 @@ def _row(
         tree_per_step=_per_step(float(sum(sum(r.tree_sizes) for r in group)), steps)
         if first.kind != PEER
         else None,
+        speedup_vs_reference=_mean_ratio(group, reference) if reference else None,
     )
 
 
@@ -153,6 +172,7 @@ def summarize(records: Sequence[TurnRecord]) -> list[SummaryRow]:
     Methods and categories keep the order in which they first appear in ``records``.
     """
     base = _baselines(records)
+    reference = _baselines(records, REFERENCE)
     methods = list(dict.fromkeys(r.method for r in records))
     categories = list(dict.fromkeys(r.category for r in records))
     passes = sorted({r.pass_no for r in records})
@@ -166,5 +186,5 @@ def summarize(records: Sequence[TurnRecord]) -> list[SummaryRow]:
                     if r.pass_no == p and r.method == m and cat in (OVERALL, r.category)
                 ]
                 if group:
-                    rows.append(_row(p, cat, group, base))
+                    rows.append(_row(p, cat, group, base, reference))
     return rows

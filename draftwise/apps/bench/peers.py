@@ -3,6 +3,8 @@
 - ``hf``: transformers ``AutoModelForCausalLM`` + ``generate(do_sample=False)``.
 - ``hf-pld``: the same with prompt lookup decoding (``prompt_lookup_num_tokens=10``).
 - ``mlx-lm``: ``mlx_lm.stream_generate`` with its default greedy sampler.
+- ``llama.cpp``, ``llama.cpp-pld``: llama-cpp-python on the model's GGUF file, plain and
+  with its prompt-lookup draft (``llamacpp.py``).
 
 Every peer takes the chat-templated prompt ids the bench built, generates at most
 ``max_tokens`` tokens and stops after one of our eos ids (which it emits, as we do). A peer
@@ -22,11 +24,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from draftwise.apps.bench.llamacpp import INSTALL_HINT, LLAMA_CPP_PEERS, LlamaCppPeer
 from draftwise.apps.bench.records import PEER, TurnResult
 from draftwise.errors import DraftwiseError
 from draftwise.models.resolve import read_config
 
-PEER_NAMES = ("hf", "hf-pld", "mlx-lm")
+PEER_NAMES = ("hf", "hf-pld", "mlx-lm", *LLAMA_CPP_PEERS)
 PLD_TOKENS = 10  # transformers' prompt_lookup_num_tokens
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -190,14 +193,18 @@ def make_peers(
     eos_ids: Sequence[int],
     device: str = "cpu",
     dtype: str | None = None,
-) -> tuple[list[HFPeer | MLXPeer], dict[str, str]]:
+    gguf: Path | None = None,
+    threads: int = 1,
+    no_gguf: str = "no GGUF file for this model",
+) -> tuple[list[HFPeer | MLXPeer | LlamaCppPeer], dict[str, str]]:
     """Load the named peers; returns (peers, {skipped name: reason}).
 
     ``device`` (cpu or cuda) and ``dtype`` (a torch dtype name; others give float32) apply
-    to the transformers peers, which share one loaded model.
+    to the transformers peers, which share one loaded model. The llama.cpp peers run
+    ``gguf`` with ``threads`` threads (skipped with ``no_gguf`` when it is None).
     """
     check_peer_names(names)
-    peers: list[HFPeer | MLXPeer] = []
+    peers: list[HFPeer | MLXPeer | LlamaCppPeer] = []
     skipped: dict[str, str] = {}
     hf_model: Any = None
     for name in names:
@@ -206,8 +213,16 @@ def make_peers(
                 if hf_model is None:
                     hf_model = _load_hf(model_dir, device, dtype)
                 peers.append(HFPeer(name, hf_model, eos_ids, pld=name == "hf-pld"))
+            elif name in LLAMA_CPP_PEERS:
+                if gguf is None:
+                    skipped[name] = no_gguf
+                    continue
+                peers.append(LlamaCppPeer(name, gguf, eos_ids, threads))
             else:
                 peers.append(MLXPeer(model_dir, eos_ids))
         except ImportError as exc:
-            skipped[name] = f"not installed ({exc})"
+            hint = f"; install it with `{INSTALL_HINT}`" if name in LLAMA_CPP_PEERS else ""
+            skipped[name] = f"not installed ({exc}){hint}"
+        except (ValueError, RuntimeError) as exc:  # llama-cpp-python could not load the file
+            skipped[name] = f"failed to load: {exc}"
     return peers, skipped

@@ -17,6 +17,7 @@ from typing import Any
 
 #: Kinds of method: the plain-decoding baseline, one of our drafters, or another library.
 BASELINE, DRAFTER, PEER = "baseline", "drafter", "peer"
+REFERENCE = "reference"  # plain decoding in another dtype (--reference-dtype): a second baseline
 
 
 @dataclass

@@ -102,10 +102,11 @@ def _fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
 
 
 def _table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    ref = any(r.get("speedup_vs_reference") is not None for r in rows)
     out = [
         "| method | turns | tokens | tok/s | speedup | median | decode | MAT | tree "
-        "| draft ms/step | verify ms/step | identical |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| draft ms/step | verify ms/step | identical |" + (" vs reference |" if ref else ""),
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|" + ("--:|" if ref else ""),
     ]
     for r in rows:
         ident = (
@@ -119,6 +120,7 @@ def _table(rows: Sequence[dict[str, Any]]) -> list[str]:
             f"| {_fmt(r['decode_speedup'], 2, 'x')} | {_fmt(r['mat'])} "
             f"| {_fmt(r.get('tree_per_step'), 1)} "
             f"| {_fmt(r['draft_ms_per_step'])} | {_fmt(r['verify_ms_per_step'])} | {ident} |"
+            + (f" {_fmt(r.get('speedup_vs_reference'), 2, 'x')} |" if ref else "")
         )
     return out
 
@@ -146,7 +148,11 @@ def _header(config: dict[str, Any]) -> list[str]:
         f"and pass); max tokens {c.get('max_tokens')}, temperature {c.get('temp')}, "
         f"budget {c.get('budget')}, repeats {c.get('repeats')} (median time kept); {mode}.",
         *_layout_lines(c.get("layouts") or {}),
-    ]
+    ] + ([
+        f"Speedups are against `none` in this mode; *vs reference* is against "
+        f"`{c['reference']}` (plain decoding on `{c.get('reference_backend')}`), same run; "
+        f"its *identical* compares its text with `none`'s across the two dtypes.",
+    ] if c.get("reference") else [])
 
 
 def _layout_lines(layouts: dict[str, Any]) -> list[str]:

@@ -81,13 +81,24 @@ class DraftwiseMethod:
     model on 1 thread beside CARD's 1-thread worker, against 2 threads sequential) is
     measured in one run."""
 
-    def __init__(self, model: Any, name: str, gen_kwargs: Mapping[str, Any],
-                 default_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        name: str,
+        gen_kwargs: Mapping[str, Any],
+        default_threads: int | None = None,
+        label: str | None = None,
+        kind: str | None = None,
+    ) -> None:
+        """``label``/``kind``: how the results name and count it (default: the drafter
+        name; ``none`` is the baseline). The float32 reference is ``none`` on a second
+        model, labelled ``none@float32`` of kind ``reference``."""
         self.model = model
-        self.name = name
+        self.name = label or name
         self.spec, threads = split_threads(name)
+        self.drafter = self.spec
         self.threads = threads or default_threads
-        self.kind = BASELINE if name == BASELINE_NAME else DRAFTER
+        self.kind = kind or (BASELINE if name == BASELINE_NAME else DRAFTER)
         self.gen_kwargs = dict(gen_kwargs)
         self._sync = _cuda_sync(model.backend.name)
 

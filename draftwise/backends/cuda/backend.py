@@ -22,11 +22,13 @@ import numpy as np
 import torch
 
 from draftwise.backends.cuda.batch import BatchMixin
+from draftwise.backends.cuda.device_sampling import HostStaging, sample_rows
 from draftwise.backends.cuda.invariant import MAX_ROWS, make_plan, min_rows
 from draftwise.backends.cuda.llama import Llama, causal_mask, read_llama_config, read_weights
 from draftwise.core.backend import Verified
 from draftwise.core.cachebook import CacheBook
 from draftwise.core.device import DeviceInfo, cpu_name
+from draftwise.core.sampling import SamplingParams
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
 
@@ -72,6 +74,10 @@ class TorchBackend(CacheBook, BatchMixin):
         CacheBook.__init__(self, max_cache_len, model.cfg.vocab_size)
         # Reused for every verify's mask: the cache prefix is always fully visible.
         self._ones = torch.ones((1, max_cache_len), dtype=torch.bool, device=self.device)
+        self._staging = HostStaging(self.device)  # the step's one (pinned on CUDA) upload
+        # Sample at T > 0 on the device (verify_sampled) where logits are off the host;
+        # on CPU the host samples only the rows acceptance visits (tests turn it on).
+        self.device_sampling = self.device.type == "cuda"
 
     def device_info(self) -> DeviceInfo:
         """The device, dtype, mode and thread count this backend computes with."""
@@ -140,31 +146,59 @@ class TorchBackend(CacheBook, BatchMixin):
                 self._len += t
 
     def verify(self, root: int, tree: DraftTree, need_logits: bool) -> Verified:
+        host = self._pack(root, tree, 0)
+        return self._finish(self._tree_logits(host), need_logits)
+
+    def verify_sampled(
+        self, root: int, tree: DraftTree, params: SamplingParams, u: np.ndarray, recent: np.ndarray
+    ) -> np.ndarray:
+        """One forward over ``[root, tree nodes]``, every row sampled on the device
+        (``device_sampling.sample_rows``) at its uniform ``u`` (N+1,) with its penalty
+        window ``recent`` (N+1, W); returns the (N+1,) tokens. One host->device copy
+        (ids, positions, mask, windows and uniforms packed) and one device->host copy."""
+        w = recent.shape[1]
+        host = self._pack(root, tree, w + 1)  # (N+1, 2 + N+1 + W + 1)
+        host[:, -1 - w : -1] = recent
+        host[:, -1] = np.ascontiguousarray(u, dtype=np.float64).view(np.int64)  # bits
+        with torch.inference_mode():
+            dev = self._staging.upload(host)  # (N+1, C)
+            logits = self._tree_logits(host[:, : -1 - w], dev[:, : -1 - w])  # (N+1, V)
+            u_dev = dev[:, -1].contiguous().view(torch.float64)  # (N+1,)
+            tokens = sample_rows(logits, dev[:, -1 - w : -1], u_dev, params)  # (N+1,)
+            return tokens.cpu().numpy()
+
+    def _pack(self, root: int, tree: DraftTree, extra: int) -> np.ndarray:
+        """Tokens, positions and the tree mask (and ``extra`` free columns) in one host
+        array: (N+1, 2 + N+1 + extra) int64, uploaded with ONE host->device copy."""
         n1 = len(tree) + 1
         self._check_room("verify", n1)
-        start = self._len
-        # Pack tokens, positions and the tree mask into ONE host->device copy.
-        host = np.empty((n1, 2 + n1), dtype=np.int64)  # (N+1, 2 + N+1)
+        host = np.empty((n1, 2 + n1 + extra), dtype=np.int64)
         host[0, 0] = root
         host[1:, 0] = tree.tokens
         self._check_ids(host[:, 0])
-        host[:, 1] = start + tree.verify_positions()
-        if n1 > 1:
-            host[:, 2:] = tree.verify_mask()
+        host[:, 1] = self._len + tree.verify_positions()
+        host[:, 2 : 2 + n1] = tree.verify_mask() if n1 > 1 else 1
+        return host
+
+    def _tree_logits(self, host: np.ndarray, dev: torch.Tensor | None = None) -> torch.Tensor:
+        """(N+1, V) logits of the rows packed in ``host`` (``dev``: already uploaded;
+        uploaded here when None). The invariant mode makes its own per-chunk copies."""
+        n1, start = host.shape[0], self._len
         if self.invariant:
-            return self._verify_invariant(host, need_logits)
+            return self._verify_invariant(host)
         with torch.inference_mode():
-            dev = torch.from_numpy(host).to(self.device, non_blocking=False)  # (N+1, 2+N+1)
+            dev = self._staging.upload(host) if dev is None else dev  # (N+1, 2 + N+1)
             mask = None
             if n1 > 1:  # a single row sees the whole cache: no mask needed
                 mask = torch.cat(
-                    [self._ones[:, :start].expand(n1, start), dev[:, 2:].bool()], dim=1
+                    [self._ones[:, :start].expand(n1, start), dev[:, 2 : 2 + n1].bool()], dim=1
                 )  # (N+1, start + N+1)
             logits = self.model.forward(dev[:, 0], dev[:, 1], start, mask, need_logits=True)
             assert logits is not None
-            return self._finish(logits, need_logits)
+            self._pending = n1
+            return logits
 
-    def _verify_invariant(self, host: np.ndarray, need_logits: bool) -> Verified:
+    def _verify_invariant(self, host: np.ndarray) -> torch.Tensor:
         """``verify`` in batch-invariant mode: chunks of at most MAX_ROWS rows, padded to
         ``min_rows`` with copies of the chunk's first row (their K/V is not written, their
         attention not computed: only the linear layers see them)."""
@@ -186,14 +220,13 @@ class TorchBackend(CacheBook, BatchMixin):
                 )
                 assert logits is not None
                 parts.append(logits[: c1 - c0])  # (c1 - c0, V)
-            return self._finish(torch.cat(parts) if len(parts) > 1 else parts[0], need_logits)
+            self._pending = n1
+            return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def _finish(self, logits: torch.Tensor, need_logits: bool) -> Verified:
         """Argmax (and logits when asked for) of the verified rows, on the host."""
-        n1 = logits.shape[0]
         with torch.inference_mode():
             argmax = logits.argmax(dim=-1)  # (N+1,)
-            self._pending = n1
             if self.device.type == "cpu":
                 # Already on the host: .numpy() shares memory, no copy at all.
                 am = argmax.numpy()

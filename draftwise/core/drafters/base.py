@@ -40,6 +40,15 @@ class Drafter(Protocol):
 
 
 @runtime_checkable
+class PathAware(Protocol):
+    """A drafter that plans for the verify path in use: ``sampling`` is True when each
+    step brings every row's logits to the host (temperature > 0, a penalty), False for
+    greedy argmax. The decoder tells it once per generation."""
+
+    def plan_for(self, sampling: bool) -> None: ...
+
+
+@runtime_checkable
 class Closeable(Protocol):
     """A drafter that holds something to release (CARD's worker thread)."""
 

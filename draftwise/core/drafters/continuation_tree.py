@@ -38,18 +38,19 @@ def continuation_tree(conts: np.ndarray, recency: np.ndarray, budget: int) -> Dr
     new = np.ones((m, w), dtype=bool)
     new[1:] = np.logical_or.accumulate(c[1:] != c[:-1], axis=1)
     # numbering nodes depth-major keeps every parent id below its children's ids
-    ids = (np.cumsum(new.T.ravel()) - 1).reshape(w, m).T  # (m, w) node id per cell
-    valid = c >= 0
-    n = int(ids.max()) + 1
+    flat_new = new.T.ravel()  # (w*m,) depth-major: each node's cells are one run
+    ids = (np.cumsum(flat_new) - 1).reshape(w, m).T  # (m, w) node id per cell
+    n = int(ids[-1, -1]) + 1
     token = np.full(n, -1, np.int64)
     token[ids] = c
     parent = np.full(n, -1, np.int64)
     parent[ids[:, 1:]] = ids[:, :-1]
     depth = np.empty(n, np.int64)
     depth[ids] = np.arange(w)
-    count = np.bincount(ids[valid], minlength=n)
-    newest = np.full(n, np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(newest, ids[valid], np.broadcast_to(rec[:, None], (m, w))[valid])
+    # a node's rows share its prefix (so all are valid or none): per-run count and max
+    starts = np.flatnonzero(flat_new)  # (n,) first cell of each node's run
+    count = np.diff(starts, append=flat_new.size)  # (n,) continuations through the node
+    newest = np.maximum.reduceat(np.tile(rec, w), starts)  # (n,) newest of them
     cand = np.flatnonzero(token >= 0)
     # rank: count descending, then newest descending, then shallow first
     rank = np.lexsort((depth[cand], -newest[cand], -count[cand]))
@@ -57,4 +58,5 @@ def continuation_tree(conts: np.ndarray, recency: np.ndarray, budget: int) -> Dr
     chosen = chosen[np.argsort(depth[chosen], kind="stable")]  # parents before children
     remap = np.full(n + 1, -1, np.int64)  # remap[-1] (the root) stays -1
     remap[chosen] = np.arange(chosen.size)
-    return DraftTree(token[chosen], remap[parent[chosen]], np.zeros(chosen.size, np.int16))
+    src = np.zeros(chosen.size, np.int16)
+    return DraftTree._trusted(token[chosen], remap[parent[chosen]], src, depth[chosen] + 1)
