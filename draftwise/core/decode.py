@@ -129,11 +129,13 @@ class Decoder:
         seq[: prompt.size] = prompt
         n = prompt.size  # tokens in seq; seq[n-1] is the uncached root
         emitted = 0
+        if isinstance(drafter, PathAware):
+            # auto: the sampling path's cost curve. Before the prefill: measuring it on
+            # first use drives (and resets) the backend.
+            drafter.plan_for(params.needs_logits)
         self._prefill(prompt)
         drafter.begin(prompt)
         batched = self._use_batch(drafter, params)  # fixed for the generation
-        if isinstance(drafter, PathAware):
-            drafter.plan_for(params.needs_logits)  # auto: the sampling path's cost curve
         try:
             while True:
                 room = limit - self.backend.cache_len - 1  # rows left after the root

@@ -198,3 +198,26 @@ def test_capped_drafter_never_exceeds_its_budget_and_stays_lossless(tmp_path):
     e.load(tmp_path / "c.drafter", "tok")
     ctx = np.array(prompt + plain[:20])
     assert e.propose(ctx, 16).tokens.tolist() == d.propose(ctx, 16).tokens.tolist()
+
+
+class ProfilingOnPlanDrafter(RandomTreeDrafter):
+    """Measures a cost curve when told the path (as ``auto`` does for sampling on first
+    use): that drives the backend and resets its cache."""
+
+    def __init__(self, vocab: int, backend, seed: int = 0) -> None:
+        super().__init__(vocab, seed)
+        self.backend = backend
+
+    def plan_for(self, sampling: bool) -> None:
+        self.backend.reset()
+        self.backend.prefill(np.array([0, 1, 2]))  # a profile's own tokens
+        self.backend.trim(0)
+
+
+def test_a_profile_measured_when_planning_does_not_corrupt_the_generation():
+    be = FakeBackend(vocab_size=8, sharpness=2.0)
+    params = SamplingParams(temperature=0.8, top_p=0.95)
+    plain, _, _ = run(be, NoDrafter(), params, [3, 4, 5], 30, seed=1)
+    spec, _, dec = run(be, ProfilingOnPlanDrafter(8, be, 1), params, [3, 4, 5], 30, seed=1)
+    assert spec == plain
+    assert be.cache == dec.cached

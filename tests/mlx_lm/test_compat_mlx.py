@@ -29,7 +29,7 @@ def flat_profile(monkeypatch):  # type: ignore[no-untyped-def]
     from draftwise.drafting.assets import Assets
 
     flat = CostModel(rows=[1, 64], ms=[10.0, 11.0])
-    monkeypatch.setattr(Assets, "cost_profile", lambda self, quiet=False, reps=3: flat)
+    monkeypatch.setattr(Assets, "cost_profile", lambda self, quiet=False, reps=3, sampling=False: flat)
 
 
 def test_readme_examples(default_model_dir, capsys, flat_profile):  # type: ignore[no-untyped-def]
