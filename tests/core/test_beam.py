@@ -26,7 +26,7 @@ class TableRNN:
     def step(self, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
         new = [
             (self.paths[p] if p >= 0 else ()) + (int(t),)
-            for t, p in zip(tokens.tolist(), parents.tolist())
+            for t, p in zip(tokens.tolist(), parents.tolist(), strict=True)
         ]
         self.paths = new
         return np.stack([self.logp(p) for p in new])
