@@ -57,12 +57,14 @@ def write_shards(
     progress: Callable[[int, int], None] | None = None,
 ) -> None:
     """Generate the missing shards 0..n_batches-1 (see the module docstring)."""
+    todo = [i for i in range(n_batches) if not _shard(out, i).is_file()]
+    if not todo:
+        return
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     prompts = read_prompts(prompts_path)
-    todo = [i for i in range(n_batches) if not _shard(out, i).is_file()]
     for done, i in enumerate(todo):
         texts = prompts[(i * batch) % len(prompts) :][:batch]
         ids = [
