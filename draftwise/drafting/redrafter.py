@@ -119,7 +119,9 @@ def train_redrafter(
     hold = max(1, tokens.shape[0] // 20)  # the last 5% of rows: held out
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
         embed = f.get_tensor("model.embed_tokens.weight").float()  # (V, C)
-    vocab, cover = choose_vocab(tokens[:-hold], valid[:-hold], recipe.draft_vocab)
+    vocab, cover = choose_vocab(
+        tokens[:-hold], valid[:-hold], recipe.draft_vocab, int(embed.shape[0])
+    )
     tok_id = Tokenizer.from_dir(model_dir).identity()
     cfg = ReDrafterConfig(
         int(embed.shape[1]),

@@ -86,7 +86,7 @@ def _synthetic(n: int, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 def test_training_reduces_loss_and_resumes(tmp_path):
     tokens, hidden, valid = _synthetic(64, 12)
-    vocab, cover = choose_vocab(tokens, valid, K)
+    vocab, cover = choose_vocab(tokens, valid, K, V)
     assert cover == 1.0 and vocab.tolist() == list(range(3, 3 + K))
     net, _ = _net()
     s = TrainSettings(t=3, epochs=5, lr=1e-2, batch=64, ckpt_every=5)
