@@ -84,15 +84,16 @@ def train_redrafter(
     from safetensors import safe_open
     from tqdm import tqdm
 
-    from draftwise.backends.cuda.redrafter import ReDrafterConfig, ReDrafterNet
+    from draftwise.backends.cuda.redrafter import ReDrafterNet
     from draftwise.backends.cuda.redrafter_data import load_shards, write_shards
-    from draftwise.backends.cuda.redrafter_io import read_config, weights_fingerprint
+    from draftwise.backends.cuda.redrafter_io import weights_fingerprint
     from draftwise.backends.cuda.redrafter_train import (
         TrainSettings,
         chain_acceptance,
         choose_vocab,
         train,
     )
+    from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig, read_config
     from draftwise.models.tokenizer import Tokenizer
 
     t0 = time.time()

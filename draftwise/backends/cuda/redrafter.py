@@ -22,7 +22,6 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -30,26 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig
 from draftwise.errors import DraftwiseError
-
-FORMAT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class ReDrafterConfig:
-    """What a checkpoint records besides its tensors."""
-
-    hidden: int  # C: the target's hidden size (and the RNN state size)
-    vocab_size: int  # the target's vocabulary
-    draft_vocab: int  # K: ids the head can draft
-    resblocks: int  # ResBlocks on [h, s]
-    tokenizer_id: str  # the target's tokenizer identity
-    fingerprint: str  # the target's weights (see redrafter_io.weights_fingerprint)
-    model_name: str = ""
-    format_version: int = FORMAT_VERSION
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class ReDrafterNet(nn.Module):

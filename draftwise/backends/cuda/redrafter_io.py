@@ -22,20 +22,17 @@ from pathlib import Path
 
 import torch
 
-from draftwise.backends.cuda.redrafter import FORMAT_VERSION, ReDrafterConfig, ReDrafterNet
+from draftwise.backends.cuda.redrafter import ReDrafterNet
+from draftwise.core.drafters.redrafter import FINGERPRINT_ROWS, embed_fingerprint
+from draftwise.core.drafters.redrafter_ckpt import CONFIG, WEIGHTS, checked_weights
 from draftwise.errors import DraftwiseError
-
-WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
 
 def weights_fingerprint(embed: torch.Tensor) -> str:
-    """A short hash of the target's embedding matrix (its shape and first 1024 rows in
-    bfloat16): a drafter trained for other weights reads other hidden states."""
-    # rounded to bfloat16 first: the same weights loaded in any dtype give one fingerprint
-    rows = embed[:1024].detach().to(torch.bfloat16).float().cpu().contiguous()
-    h = hashlib.sha256(f"{tuple(embed.shape)}".encode())
-    h.update(rows.numpy().tobytes())
-    return h.hexdigest()[:32]
+    """The target's fingerprint (``core.drafters.redrafter.embed_fingerprint``): a
+    drafter trained for other weights reads other hidden states."""
+    rows = embed[:FINGERPRINT_ROWS].detach().float().cpu().numpy()
+    return embed_fingerprint(rows, (int(embed.shape[0]), int(embed.shape[1])))
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -67,25 +64,6 @@ def save_redrafter(net: ReDrafterNet, out_dir: str | os.PathLike[str]) -> Path:
     return out
 
 
-def read_config(ckpt_dir: str | os.PathLike[str]) -> tuple[ReDrafterConfig, str]:
-    """The checkpoint's config and the sha256 its tensor file must have."""
-    path = Path(ckpt_dir) / CONFIG
-    try:
-        raw = json.loads(path.read_text())
-        sha = str(raw.pop("weights_sha256"))
-        cfg = ReDrafterConfig(**raw)
-    except FileNotFoundError:
-        raise DraftwiseError(f"no ReDrafter checkpoint at {ckpt_dir} ({CONFIG} missing)") from None
-    except (ValueError, TypeError, KeyError) as exc:
-        raise DraftwiseError(f"corrupt ReDrafter config {path}: {exc}") from None
-    if cfg.format_version != FORMAT_VERSION:
-        raise DraftwiseError(
-            f"ReDrafter checkpoint {path} has format {cfg.format_version}, "
-            f"expected {FORMAT_VERSION}"
-        )
-    return cfg, sha
-
-
 def load_redrafter(
     ckpt_dir: str | os.PathLike[str],
     embed: torch.Tensor,
@@ -97,24 +75,8 @@ def load_redrafter(
     or when its tensor file is truncated or corrupt."""
     from safetensors.torch import load
 
-    cfg, sha = read_config(ckpt_dir)
+    cfg, blob = checked_weights(ckpt_dir, tokenizer_id, fingerprint)
     wpath = Path(ckpt_dir) / WEIGHTS
-    if tokenizer_id is not None and cfg.tokenizer_id != tokenizer_id:
-        raise DraftwiseError(
-            f"ReDrafter checkpoint {ckpt_dir} was trained for another tokenizer "
-            f"({cfg.tokenizer_id[:16]}, this model's is {tokenizer_id[:16]})"
-        )
-    if fingerprint is not None and cfg.fingerprint != fingerprint:
-        raise DraftwiseError(
-            f"ReDrafter checkpoint {ckpt_dir} was trained for other model weights "
-            f"(fingerprint {cfg.fingerprint[:12]}, this model's is {fingerprint[:12]})"
-        )
-    try:
-        blob = wpath.read_bytes()
-    except FileNotFoundError:
-        raise DraftwiseError(f"ReDrafter weights missing: {wpath}") from None
-    if hashlib.sha256(blob).hexdigest() != sha:
-        raise DraftwiseError(f"corrupt or truncated ReDrafter weights: {wpath} (sha256 mismatch)")
     tensors = load(blob)
     ids = tensors.pop("vocab_ids")
     net = ReDrafterNet(cfg, embed.float(), ids)

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -24,6 +25,28 @@ import numpy as np
 from draftwise.core.beam import BeamTree, beam_search, dedup_beams
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
+
+FINGERPRINT_ROWS = 1024
+
+
+def embed_fingerprint(rows: np.ndarray, shape: tuple[int, int]) -> str:
+    """A short hash of a target's embedding matrix of ``shape`` from its first
+    ``FINGERPRINT_ROWS`` rows (float32, any backend), rounded to bfloat16 first so the
+    same weights loaded in any dtype give one fingerprint.
+
+    Example::
+
+        >>> embed_fingerprint(np.zeros((2, 3), np.float32), (2, 3))[:8]
+        '910238ea'
+    """
+    bits = np.ascontiguousarray(rows[:FINGERPRINT_ROWS], np.float32).view(np.uint32)
+    # round to nearest even on the 16 dropped bits, as a float32 -> bfloat16 cast does
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(
+        0xFFFF0000
+    )
+    h = hashlib.sha256(f"{tuple(shape)}".encode())
+    h.update(rounded.astype(np.uint32).view(np.float32).tobytes())
+    return h.hexdigest()[:32]
 
 
 @runtime_checkable

@@ -11,8 +11,9 @@ from tests.prompts import OWN_PROMPTS
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 torch = pytest.importorskip("torch")
 
-from draftwise.backends.cuda.redrafter import ReDrafterConfig, ReDrafterNet  # noqa: E402
+from draftwise.backends.cuda.redrafter import ReDrafterNet  # noqa: E402
 from draftwise.backends.cuda.redrafter_io import save_redrafter, weights_fingerprint  # noqa: E402
+from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig  # noqa: E402
 from draftwise.drafting.redrafter import SHIPPED  # noqa: E402
 from draftwise.errors import DraftwiseError  # noqa: E402
 
@@ -77,3 +78,15 @@ def test_shipped_redrafter_identical_and_accepting(torch_model, prompt):  # type
     assert tokens_of(torch_model, prompt, d, temp=0.8, seed=5) == tokens_of(
         torch_model, prompt, "none", temp=0.8, seed=5
     )
+
+
+@pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="no shipped checkpoint")
+def test_shipped_redrafter_bf16_invariant_identical(default_model_dir):  # type: ignore[no-untyped-def]
+    """bfloat16 in batch-invariant mode: the same checkpoint loads (one fingerprint for
+    any dtype) and greedy output equals plain decoding."""
+    import draftwise
+
+    model = draftwise.load(default_model_dir, backend="torch", dtype="bfloat16")
+    assert model.backend.invariant
+    prompt = OWN_PROMPTS[0]
+    assert tokens_of(model, prompt, "redrafter:bw=2,t=4") == tokens_of(model, prompt, "none")

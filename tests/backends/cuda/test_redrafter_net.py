@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from draftwise.backends.cuda.redrafter import ReDrafterConfig, ReDrafterNet  # noqa: E402
+from draftwise.backends.cuda.redrafter import ReDrafterNet  # noqa: E402
 from draftwise.backends.cuda.redrafter_io import (  # noqa: E402
     load_redrafter,
     save_redrafter,
@@ -23,6 +23,7 @@ from draftwise.backends.cuda.redrafter_train import (  # noqa: E402
     choose_vocab,
     train,
 )
+from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig  # noqa: E402
 from draftwise.errors import DraftwiseError  # noqa: E402
 
 V, C, K = 40, 16, 24
