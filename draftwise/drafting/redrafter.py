@@ -44,15 +44,21 @@ def build_redrafter(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     be = ctx.backend
     if be is None:
         raise DraftwiseError("redrafter needs a loaded target: use model.drafter('redrafter')")
+    ckpt = checkpoint_for(ctx, opts.pop("path", None))
     if be.name.startswith("mlx"):
-        raise DraftwiseError("redrafter runs on the torch backend so far")
+        from draftwise.backends.mlx.redrafter import (  # type: ignore[import-not-found]
+            MLXRecurrentStep,
+            MLXReDrafterNet,
+        )
+
+        mnet = MLXReDrafterNet.load(ckpt, be, ctx.tokenizer_id)  # type: ignore[arg-type]
+        return ReDrafter(MLXRecurrentStep(mnet, be), **opts)  # type: ignore[arg-type]
     from draftwise.backends.cuda.backend import TorchBackend
     from draftwise.backends.cuda.redrafter import TorchRecurrentStep
     from draftwise.backends.cuda.redrafter_io import load_redrafter, weights_fingerprint
 
     if not isinstance(be, TorchBackend):
         raise DraftwiseError(f"backend {be.name!r} cannot run redrafter")
-    ckpt = checkpoint_for(ctx, opts.pop("path", None))
     embed = be.model.embed
     net = load_redrafter(ckpt, embed, ctx.tokenizer_id, weights_fingerprint(embed))
     return ReDrafter(TorchRecurrentStep(net, be), **opts)
