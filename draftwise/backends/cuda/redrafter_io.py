@@ -44,6 +44,7 @@ def atomic_write(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a checkpoint is shareable
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
