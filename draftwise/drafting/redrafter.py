@@ -40,7 +40,11 @@ def checkpoint_for(ctx: DraftingContext, path: str | os.PathLike[str] | None) ->
 
 
 def build_redrafter(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
-    """``redrafter``: the trained recurrent drafter on the target's device (torch)."""
+    """``redrafter``: the trained recurrent drafter on the target's device (``net``: a
+    ``RecurrentNet`` given as an object instead)."""
+    net_obj = opts.pop("net", None)
+    if net_obj is not None:
+        return ReDrafter(net_obj, **opts)
     be = ctx.backend
     if be is None:
         raise DraftwiseError("redrafter needs a loaded target: use model.drafter('redrafter')")

@@ -71,7 +71,7 @@ class ReDrafter:
         if bw < 1 or t < 1:
             raise DraftwiseError(f"redrafter needs bw >= 1 and t >= 1, got bw={bw}, t={t}")
         self.net, self.bw, self.t = net, bw, t
-        self.name = f"redrafter:bw={bw},t={t}"
+        self.name = "redrafter"
         self.last: BeamTree | None = None  # the last proposal, with its draft probabilities
         self.packed = 0  # totals over proposals: tree nodes vs beam tokens (Figure 6 left)
         self.unpacked = 0
