@@ -80,13 +80,13 @@ def test_shipped_redrafter_identical_and_accepting(torch_model, prompt):  # type
     )
 
 
-@pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="no shipped checkpoint")
-def test_shipped_redrafter_bf16_invariant_identical(default_model_dir):  # type: ignore[no-untyped-def]
-    """bfloat16 in batch-invariant mode: the same checkpoint loads (one fingerprint for
-    any dtype) and greedy output equals plain decoding."""
+def test_redrafter_bf16_invariant_identical(default_model_dir, random_ckpt):  # type: ignore[no-untyped-def]
+    """bfloat16 in batch-invariant mode: the float32-made checkpoint loads (one
+    fingerprint for any dtype) and greedy output equals plain decoding."""
     import draftwise
 
     model = draftwise.load(default_model_dir, backend="torch", dtype="bfloat16")
     assert model.backend.invariant
     prompt = OWN_PROMPTS[0]
-    assert tokens_of(model, prompt, "redrafter:bw=2,t=4") == tokens_of(model, prompt, "none")
+    spec = f"redrafter:bw=3,t=4,path={random_ckpt}"
+    assert tokens_of(model, prompt, spec) == tokens_of(model, prompt, "none")
