@@ -25,6 +25,10 @@ APPS = {
     "bench": ("draftwise.apps.bench.cli", "measure drafters' speedup over plain decoding"),
     "chat": ("draftwise.apps.chat", "chat in the terminal, multi-turn, streamed"),
     "serve": ("draftwise.apps.serve", "OpenAI-compatible HTTP server (FastAPI + uvicorn)"),
+    "train-drafter": (
+        "draftwise.apps.train_drafter",
+        "train a ReDrafter (recurrent drafter) for a model on the training corpus",
+    ),
     "tune": ("draftwise.apps.tune", "measure this device's verify cost curve for --drafter auto"),
 }
 

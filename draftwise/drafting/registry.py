@@ -29,6 +29,7 @@ from draftwise.drafting.assets import BIGRAM_TABLE, COST_PROFILE
 from draftwise.drafting.context import DraftingContext
 from draftwise.drafting.draft_models import build_card, build_draft
 from draftwise.drafting.options import OBJECT, PATH, Option
+from draftwise.drafting.redrafter import build_redrafter
 
 Builder = Callable[[DraftingContext, dict[str, Any]], Drafter]
 
@@ -213,6 +214,15 @@ register(DrafterEntry(
         Option("threads", int, 1, "torch threads of the draft worker", low=1, high=256,
                remote=False),
     ), build_card, remote=False,
+))
+register(DrafterEntry(
+    "redrafter", "ReDrafter: a trained RNN on the target's hidden state drafts by beam search",
+    (
+        Option("bw", int, 2, "beam width", low=1, high=16, remote=False),
+        Option("t", int, 4, "tokens per beam", low=1, high=16, remote=False),
+        Option("path", PATH, None, "a checkpoint dir (draftwise train-drafter)", remote=False),
+        Option("net", OBJECT, None, "a RecurrentNet", remote=False),
+    ), build_redrafter, remote=False,
 ))
 
 

@@ -102,6 +102,10 @@ def test_every_drafter_builds_at_its_defaults(name):
         from tests.core.fake_draft import FakeDraftLM
 
         objects = {"lm": FakeDraftLM(vocab_size=16)}
+    if name == "redrafter":
+        from tests.core.test_redrafter import FakeNet
+
+        objects = {"net": FakeNet()}
     d = make_drafter(name, **objects)
     assert d.name == name
     d.reset()

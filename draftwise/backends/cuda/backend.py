@@ -78,6 +78,12 @@ class TorchBackend(CacheBook, BatchMixin):
         # Sample at T > 0 on the device (verify_sampled) where logits are off the host;
         # on CPU the host samples only the rows acceptance visits (tests turn it on).
         self.device_sampling = self.device.type == "cuda"
+        # Last-layer hidden states for a drafter (ReDrafter): the residual rows of the
+        # last verify, and the row of the last cached token with the cache length it is
+        # valid at (-1: none). Device tensors only: reading them never syncs.
+        self._rows_x: torch.Tensor | None = None  # (N+1, C)
+        self._hidden_x: torch.Tensor | None = None  # (C,)
+        self._hidden_len = -1
 
     def device_info(self) -> DeviceInfo:
         """The device, dtype, mode and thread count this backend computes with."""
@@ -113,6 +119,31 @@ class TorchBackend(CacheBook, BatchMixin):
         model = Llama(cfg, read_weights(Path(model_dir)), DTYPES[dtype], dev, limit, cache_dtype)
         return cls(model, limit, inv)
 
+    # ----- the target's hidden state, for drafters conditioned on it ---------------------
+    @property
+    def hidden_len(self) -> int:
+        """The cache length at which ``last_hidden`` is valid (-1: not available)."""
+        return self._hidden_len
+
+    def last_hidden(self) -> torch.Tensor:
+        """(C,) last-layer hidden state (after the final norm) of the last cached token,
+        the one that predicts the root: left on the device, no forward, no sync."""
+        if self._hidden_x is None or self._hidden_len != self._len:
+            raise DraftwiseError(
+                f"no hidden state for cache length {self._len} (held for {self._hidden_len})"
+            )
+        with torch.inference_mode():
+            return self.model.final_hidden(self._hidden_x)  # (C,)
+
+    def reset(self) -> None:
+        super().reset()
+        self._hidden_len = -1
+
+    def trim(self, n: int) -> None:
+        super().trim(n)
+        if n != self._hidden_len:
+            self._hidden_len = -1
+
     # ----- saved prefixes (core/prefixes.py) ------------------------------------------
     def save_prefix(self, n: int) -> torch.Tensor:
         """A copy of the first ``n`` cached tokens' K/V: (L, 2, H_kv, n, D)."""
@@ -127,7 +158,7 @@ class TorchBackend(CacheBook, BatchMixin):
             raise DraftwiseError(f"cannot load {n} tokens of a saved prefix of {snapshot.shape[3]}")
         with torch.inference_mode():
             self.model.cache[:, :, :, :n].copy_(snapshot[:, :, :, :n])
-        self._len, self._pending = n, 0
+        self._len, self._pending, self._hidden_len = n, 0, -1
 
     # ----- forward passes --------------------------------------------------------------
     def prefill(self, tokens: np.ndarray) -> None:
@@ -144,6 +175,9 @@ class TorchBackend(CacheBook, BatchMixin):
                 mask = causal_mask(t, start, self.device) if t > 1 else None  # (t, start+t)
                 self.model.forward(chunk, pos, start, mask, need_logits=False)
                 self._len += t
+            if ids.size:
+                assert self.model.last_x is not None
+                self._hidden_x, self._hidden_len = self.model.last_x[-1], self._len
 
     def verify(self, root: int, tree: DraftTree, need_logits: bool) -> Verified:
         host = self._pack(root, tree, 0)
@@ -195,6 +229,7 @@ class TorchBackend(CacheBook, BatchMixin):
                 )  # (N+1, start + N+1)
             logits = self.model.forward(dev[:, 0], dev[:, 1], start, mask, need_logits=True)
             assert logits is not None
+            self._rows_x = self.model.last_x  # (N+1, C)
             self._pending = n1
             return logits
 
@@ -207,7 +242,7 @@ class TorchBackend(CacheBook, BatchMixin):
         vis = host[:, 2:].astype(bool) if n1 > 1 else np.ones((1, 1), bool)  # (N+1, N+1)
         rows = [(start + np.flatnonzero(vis[i])).tolist() for i in range(n1)]
         pad = min_rows(self.dtype)
-        parts = []
+        parts, xs = [], []
         with torch.inference_mode():
             for c0 in range(0, n1, MAX_ROWS):
                 c1 = min(n1, c0 + MAX_ROWS)
@@ -218,8 +253,10 @@ class TorchBackend(CacheBook, BatchMixin):
                 logits = self.model.forward(
                     ids[:, 0], ids[:, 1], start + c0, None, True, plan=plan, n_write=c1 - c0
                 )
-                assert logits is not None
+                assert logits is not None and self.model.last_x is not None
                 parts.append(logits[: c1 - c0])  # (c1 - c0, V)
+                xs.append(self.model.last_x[: c1 - c0])  # (c1 - c0, C)
+            self._rows_x = torch.cat(xs) if len(xs) > 1 else xs[0]  # (N+1, C)
             self._pending = n1
             return torch.cat(parts) if len(parts) > 1 else parts[0]
 
@@ -258,3 +295,5 @@ class TorchBackend(CacheBook, BatchMixin):
                 self.model.move_slots(src, self._len)
         self._len += k
         self._pending = 0
+        if self._rows_x is not None:  # a view of the last kept row: no copy, no sync
+            self._hidden_x, self._hidden_len = self._rows_x[int(keep[-1])], self._len

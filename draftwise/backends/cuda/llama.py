@@ -248,6 +248,7 @@ class Llama:
                 )
             self.cos, self.sin = rope_tables(cfg, max_cache_len, dtype, device)
             self.max_cache_len = max_cache_len
+            self.last_x: torch.Tensor | None = None  # (T, C) of the last forward
             self.cache = torch.zeros(
                 (cfg.n_layers, 2, cfg.n_kv_heads, max_cache_len, cfg.head_dim),
                 dtype=self.cache_dtype,
@@ -330,9 +331,17 @@ class Llama:
             hn = rms_norm(x, layer.mlp_norm, cfg.norm_eps)  # (T, C)
             gate, up = F.linear(hn, layer.w13).chunk(2, dim=-1)  # 2 x (T, F)
             x = x + F.linear(F.silu(gate) * up, layer.w2)  # (T, C)
+        # Kept on the device (a reference, no copy): a drafter conditioned on the target's
+        # last hidden state (ReDrafter) reads a row of it after ``commit``.
+        self.last_x = x  # (T, C) residual stream before the final norm
         if not need_logits:
             return None
         return F.linear(rms_norm(x, self.norm, cfg.norm_eps), self.lm_head)  # (T, V)
+
+    def final_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """The last-layer hidden state (after the final norm) of residual rows ``x``
+        (..., C): what the lm_head reads."""
+        return rms_norm(x, self.norm, self.cfg.norm_eps)  # (..., C)
 
     def move_slots(self, src: torch.Tensor, dst_start: int) -> None:
         """Copy cache slots ``src`` (K,) to ``dst_start .. dst_start+K`` in every layer

@@ -64,6 +64,36 @@ class MLXBackend(CacheBook):
             "-invariant" if invariant else ""
         )
         CacheBook.__init__(self, max_cache_len, self.model.vocab_size)
+        # Last-layer hidden states for a drafter (ReDrafter): the residual rows of the
+        # last verify, and the row of the last cached token with the cache length it is
+        # valid at (-1: none). Lazy arrays: reading them starts no evaluation.
+        self._rows_x: mx.array | None = None  # (N+1, C)
+        self._hidden_x: mx.array | None = None  # (C,)
+        self._hidden_len = -1
+
+    # ----- the target's hidden state, for drafters conditioned on it ---------------------
+    @property
+    def hidden_len(self) -> int:
+        """The cache length at which ``last_hidden`` is valid (-1: not available)."""
+        return self._hidden_len
+
+    def last_hidden(self) -> mx.array:
+        """(C,) last-layer hidden state (after the final norm) of the last cached token,
+        the one that predicts the root: lazy, no forward, no evaluation."""
+        if self._hidden_x is None or self._hidden_len != self._len:
+            raise DraftwiseError(
+                f"no hidden state for cache length {self._len} (held for {self._hidden_len})"
+            )
+        return self.model.norm(self._hidden_x)  # (C,)
+
+    def reset(self) -> None:
+        super().reset()
+        self._hidden_len = -1
+
+    def trim(self, n: int) -> None:
+        super().trim(n)
+        if n != self._hidden_len:
+            self._hidden_len = -1
 
     def device_info(self) -> DeviceInfo:
         """The device, dtype, mode and thread count this backend computes with."""
@@ -72,8 +102,11 @@ class MLXBackend(CacheBook):
         if not gpu:
             name = f"{cpu_name()} (mlx)"
         return DeviceInfo(
-            kind="mlx-gpu" if gpu else "mlx-cpu", name=name, dtype=self.dtype,
-            mode="invariant" if self.invariant else "normal", threads=1 if gpu else cpu_threads(),
+            kind="mlx-gpu" if gpu else "mlx-cpu",
+            name=name,
+            dtype=self.dtype,
+            mode="invariant" if self.invariant else "normal",
+            threads=1 if gpu else cpu_threads(),
         )
 
     @classmethod
@@ -107,8 +140,10 @@ class MLXBackend(CacheBook):
             t = chunk.shape[0]
             mask = "causal" if t > 1 else None  # bottom-right aligned: sees the cache
             self.model.forward(chunk, self._len, self._len, mask, need_logits=False)
-            mx.eval(self.model.cache_arrays())  # nothing else depends on the K/V
+            last = self.model.last_x[-1]  # (C,): the hidden state a drafter may read
+            mx.eval(self.model.cache_arrays(), last)  # nothing else depends on the K/V
             self._len += t
+            self._hidden_x, self._hidden_len = last, self._len
 
     def verify(self, root: int, tree: DraftTree, need_logits: bool) -> Verified:
         n1 = len(tree) + 1
@@ -130,6 +165,7 @@ class MLXBackend(CacheBook):
             mask = mx.array(full)
         logits = self.model.forward(tokens, positions, start, mask, need_logits=True)
         assert logits is not None  # need_logits=True always returns logits
+        self._rows_x = self.model.last_x  # (N+1, C)
         return self._finish(logits, need_logits)
 
     def _verify_invariant(self, host: np.ndarray, tree: DraftTree, need_logits: bool) -> Verified:
@@ -142,7 +178,7 @@ class MLXBackend(CacheBook):
         rows = [(start + np.flatnonzero(vis[i])).tolist() for i in range(n1)]
         pos = (start + tree.verify_positions()).astype(np.int32)  # (N+1,)
         size = self._pad_rows or n1
-        parts = []
+        parts, xs = [], []
         for c0 in range(0, n1, size):
             c1 = min(n1, c0 + size)
             sel = list(range(c0, c1)) + [c0] * (size - (c1 - c0))
@@ -153,6 +189,8 @@ class MLXBackend(CacheBook):
             )
             assert logits is not None
             parts.append(logits[: c1 - c0])  # (c1 - c0, V)
+            xs.append(self.model.last_x[: c1 - c0])  # (c1 - c0, C)
+        self._rows_x = mx.concatenate(xs) if len(xs) > 1 else xs[0]  # (N+1, C)
         return self._finish(mx.concatenate(parts) if len(parts) > 1 else parts[0], need_logits)
 
     def _finish(self, logits: mx.array, need_logits: bool) -> Verified:
@@ -189,3 +227,5 @@ class MLXBackend(CacheBook):
             mx.async_eval(self.model.cache_arrays())
         self._len += k
         self._pending = 0
+        if self._rows_x is not None:  # a lazy slice of the last kept row: no evaluation
+            self._hidden_x, self._hidden_len = self._rows_x[int(keep[-1])], self._len

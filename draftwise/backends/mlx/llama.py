@@ -129,6 +129,8 @@ class Llama:
                 o = o.transpose(0, 2, 1, 3).reshape(1, t, h * self.head_dim)  # (1, T, H D)
             x = x + attn.o_proj(o)  # (1, T, C)
             x = x + layer.mlp(layer.post_attention_layernorm(x))  # (1, T, C)
+        # Kept (lazy) for a drafter conditioned on the target's hidden state (ReDrafter).
+        self.last_x = x[0]  # (T, C) residual stream before the final norm
         if not need_logits:
             return None
         x = self.norm(x)  # (1, T, C)

@@ -1,0 +1,130 @@
+"""Distillation data for ReDrafter: the target's own greedy continuations (seed 001 eq. 2),
+generated batched, with its last-layer hidden state at every position.
+
+Prompts come from the training corpus (``corpus/prompts.jsonl``, never benchmark
+prompts), rendered through the model's chat template. Each batch of ``batch`` prompts is
+left-padded and continued greedily for ``gen_len`` tokens with transformers' KV cache, so
+one forward serves the whole batch. A shard per batch is written atomically
+(``shard-00007.npz``: ``tokens`` (B, L) int32, ``hidden`` (B, L, C) float16, ``valid``
+(B, L) bool), so an interrupted run resumes at the first missing shard.
+
+Row layout: ``hidden[b, j]`` is the hidden state that predicted ``tokens[b, j]`` (for
+j = 0 the prompt's last token; then the token before), so a drafter started at j reads
+``hidden[b, j]``, takes ``tokens[b, j]`` as its root and must guess ``tokens[b, j+1:]``.
+
+Example::
+
+    write_shards(model_dir, corpus / "prompts.jsonl", out / "data", n_batches=4)
+    tokens, hidden, valid = load_shards(out / "data")
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from draftwise.backends.cuda.redrafter_io import atomic_write
+from draftwise.errors import DraftwiseError
+
+
+def read_prompts(path: Path, seed: int = 0) -> list[str]:
+    """The corpus prompts, shuffled reproducibly."""
+    if not path.is_file():
+        raise DraftwiseError(f"no corpus prompts at {path}")
+    rows = [json.loads(line)["prompt"] for line in path.read_text().split("\n") if line.strip()]
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def _shard(out: Path, i: int) -> Path:
+    return out / f"shard-{i:05d}.npz"
+
+
+def write_shards(
+    model_dir: Path,
+    prompts_path: Path,
+    out: Path,
+    n_batches: int,
+    batch: int = 32,
+    gen_len: int = 96,
+    max_prompt: int = 192,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Generate the missing shards 0..n_batches-1 (see the module docstring)."""
+    todo = [i for i in range(n_batches) if not _shard(out, i).is_file()]
+    if not todo:
+        return
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompts = read_prompts(prompts_path)
+    for done, i in enumerate(todo):
+        texts = prompts[(i * batch) % len(prompts) :][:batch]
+        ids = [
+            tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
+            for t in texts
+        ]
+        ids = [list(x["input_ids"] if hasattr(x, "keys") else x)[-max_prompt:] for x in ids]
+        tokens, hidden, valid = _generate(model, ids, gen_len, tok.eos_token_id)
+        buf = io.BytesIO()
+        np.savez(buf, tokens=tokens, hidden=hidden, valid=valid)
+        atomic_write(_shard(out, i), buf.getvalue())
+        if progress is not None:
+            progress(done + 1, len(todo))
+
+
+@torch.inference_mode()
+def _generate(
+    model: torch.nn.Module, prompts: list[list[int]], gen_len: int, eos: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Greedy continuation of left-padded prompts, one forward per token for the batch."""
+    b, p = len(prompts), max(len(x) for x in prompts)
+    ids = torch.zeros((b, p), dtype=torch.long)  # (B, P)
+    att = torch.zeros((b, p), dtype=torch.long)  # (B, P)
+    for r, x in enumerate(prompts):
+        ids[r, p - len(x) :] = torch.tensor(x)
+        att[r, p - len(x) :] = 1
+    pos = (att.cumsum(-1) - 1).clamp(min=0)  # (B, P)
+    out = model(input_ids=ids, attention_mask=att, position_ids=pos, output_hidden_states=True)
+    cache = out.past_key_values
+    toks, hids = [], []
+    alive = torch.ones(b, dtype=torch.bool)  # (B,)
+    valid = []
+    logits, h = out.logits[:, -1], out.hidden_states[-1][:, -1]  # (B, V), (B, C)
+    next_pos = pos[:, -1] + 1  # (B,)
+    for _ in range(gen_len):
+        nxt = logits.argmax(-1)  # (B,)
+        toks.append(nxt)
+        hids.append(h.half())
+        valid.append(alive.clone())
+        if eos is not None:
+            alive &= nxt != eos
+        att = torch.cat([att, torch.ones((b, 1), dtype=torch.long)], dim=1)  # (B, P+t)
+        out = model(
+            input_ids=nxt[:, None],
+            attention_mask=att,
+            position_ids=next_pos[:, None],
+            past_key_values=cache,
+            output_hidden_states=True,
+        )
+        cache, next_pos = out.past_key_values, next_pos + 1
+        logits, h = out.logits[:, -1], out.hidden_states[-1][:, -1]
+    tokens = torch.stack(toks, 1).to(torch.int32).numpy()  # (B, L)
+    hidden = torch.stack(hids, 1).numpy()  # (B, L, C)
+    return tokens, hidden, torch.stack(valid, 1).numpy()  # (B, L)
+
+
+def load_shards(out: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All shards concatenated: tokens (N, L), hidden (N, L, C), valid (N, L)."""
+    files = sorted(out.glob("shard-*.npz"))
+    if not files:
+        raise DraftwiseError(f"no distillation shards in {out}")
+    parts = [np.load(f) for f in files]
+    return tuple(np.concatenate([p[k] for p in parts]) for k in ("tokens", "hidden", "valid"))  # type: ignore[return-value]

@@ -1,0 +1,104 @@
+"""ReDrafter (seed 001): a recurrent draft network conditioned on the target's last
+hidden state drafts ``bw`` beams of ``t`` tokens; their shared prefixes are merged into
+one tree that the target verifies in one forward.
+
+The algorithm (beam search, dedup, budget) is here once; a backend supplies only the
+tensor step behind ``RecurrentNet`` (``backends/cuda/redrafter.py``). The network needs
+the target's hidden state of the last cached token: the backend keeps it after every
+``prefill``/``commit``. When it is not there for the current cache (a backend used by
+someone else in between), the drafter proposes nothing for that step: plain decoding.
+
+Example::
+
+    d = ReDrafter(net, bw=2, t=4)
+    tree = d.propose(context, budget=16)   # at most 2 * 4 nodes, fewer when beams share
+    d.last.packed, d.last.unpacked         # nodes verified vs tokens in the beams
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from draftwise.core.beam import BeamTree, beam_search, dedup_beams
+from draftwise.core.tree import DraftTree
+from draftwise.errors import DraftwiseError
+
+FINGERPRINT_ROWS = 1024
+
+
+def embed_fingerprint(rows: np.ndarray, shape: tuple[int, int]) -> str:
+    """A short hash of a target's embedding matrix of ``shape`` from its first
+    ``FINGERPRINT_ROWS`` rows (float32, any backend), rounded to bfloat16 first so the
+    same weights loaded in any dtype give one fingerprint.
+
+    Example::
+
+        >>> embed_fingerprint(np.zeros((2, 3), np.float32), (2, 3))[:8]
+        '910238ea'
+    """
+    bits = np.ascontiguousarray(rows[:FINGERPRINT_ROWS], np.float32).view(np.uint32)
+    # round to nearest even on the 16 dropped bits, as a float32 -> bfloat16 cast does
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(
+        0xFFFF0000
+    )
+    h = hashlib.sha256(f"{tuple(shape)}".encode())
+    h.update(rounded.astype(np.uint32).view(np.float32).tobytes())
+    return h.hexdigest()[:32]
+
+
+@runtime_checkable
+class RecurrentNet(Protocol):
+    """The tensor step of a ReDrafter network on the target's device."""
+
+    vocab_ids: np.ndarray  # (K,) int64: target id of each draft-vocabulary column
+
+    def start(self, cache_len: int) -> bool:
+        """Take the target's hidden state of the last cached token when the cache holds
+        ``cache_len`` tokens; False when the backend has none for that length."""
+
+    def step(self, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
+        """(B,) target ids, (B,) rows of the previous step (-1: the initial state) ->
+        (B, K) log-probabilities over the draft vocabulary."""
+
+
+class ReDrafter:
+    """Beam search over a ``RecurrentNet``; see the module docstring."""
+
+    def __init__(self, net: RecurrentNet, bw: int = 2, t: int = 4) -> None:
+        if bw < 1 or t < 1:
+            raise DraftwiseError(f"redrafter needs bw >= 1 and t >= 1, got bw={bw}, t={t}")
+        self.net, self.bw, self.t = net, bw, t
+        self.name = "redrafter"
+        self.last: BeamTree | None = None  # the last proposal, with its draft probabilities
+        self.packed = 0  # totals over proposals: tree nodes vs beam tokens (Figure 6 left)
+        self.unpacked = 0
+
+    def reset(self) -> None:
+        self.last, self.packed, self.unpacked = None, 0, 0
+
+    def begin(self, prompt: np.ndarray) -> None:
+        pass
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        self.last = None
+        if budget < 1 or context.size < 2 or not self.net.start(int(context.size) - 1):
+            return DraftTree.empty()
+        ids = self.net.vocab_ids
+
+        def step(tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
+            # beam search sees draft-vocabulary columns; the network wants target ids
+            return self.net.step(ids[tokens] if parents[0] >= 0 else tokens, parents)
+
+        beams = beam_search(step, int(context[-1]), self.bw, self.t)
+        beams = type(beams)(ids[beams.tokens], beams.logp, beams.score)
+        out = dedup_beams(beams, budget)
+        self.last = out
+        self.packed += out.packed
+        self.unpacked += out.unpacked
+        return out.tree
+
+    def update(self, context: np.ndarray, n_new: int) -> None:
+        pass

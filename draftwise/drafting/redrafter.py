@@ -1,0 +1,178 @@
+"""The ``redrafter`` drafter built from the drafting context, and its training recipe.
+
+The checkpoint is, in order: the ``path`` option; the one ``draftwise train-drafter``
+left in this model's asset directory; the one shipped in ``draftwise/data/`` for the
+default model. Each is refused (one line naming its path) when made for another
+tokenizer or other weights.
+
+Example::
+
+    d = model.drafter("redrafter:bw=2,t=4")
+    train_redrafter(model_dir, out_dir, corpus / "prompts.jsonl", TrainRecipe())
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from draftwise.core.drafters.base import Drafter
+from draftwise.core.drafters.redrafter import ReDrafter
+from draftwise.drafting.context import DraftingContext
+from draftwise.errors import DraftwiseError
+
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "redrafter-smollm2-135m"
+
+
+def checkpoint_for(ctx: DraftingContext, path: str | os.PathLike[str] | None) -> Path:
+    """The checkpoint directory the ``redrafter`` drafter loads (see the module docstring)."""
+    if path is not None:
+        return Path(path)
+    if ctx.assets is not None:
+        own = ctx.assets.checkpoint_dir("redrafter")
+        if (own / "config.json").is_file():
+            return own
+    return SHIPPED
+
+
+def build_redrafter(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
+    """``redrafter``: the trained recurrent drafter on the target's device (``net``: a
+    ``RecurrentNet`` given as an object instead)."""
+    net_obj = opts.pop("net", None)
+    if net_obj is not None:
+        return ReDrafter(net_obj, **opts)
+    be = ctx.backend
+    if be is None:
+        raise DraftwiseError("redrafter needs a loaded target: use model.drafter('redrafter')")
+    ckpt = checkpoint_for(ctx, opts.pop("path", None))
+    if be.name.startswith("mlx"):
+        from draftwise.backends.mlx.redrafter import (  # type: ignore[import-not-found]
+            MLXRecurrentStep,
+            MLXReDrafterNet,
+        )
+
+        mnet = MLXReDrafterNet.load(ckpt, be, ctx.tokenizer_id)  # type: ignore[arg-type]
+        return ReDrafter(MLXRecurrentStep(mnet, be), **opts)  # type: ignore[arg-type]
+    from draftwise.backends.cuda.backend import TorchBackend
+    from draftwise.backends.cuda.redrafter import TorchRecurrentStep
+    from draftwise.backends.cuda.redrafter_io import load_redrafter, weights_fingerprint
+
+    if not isinstance(be, TorchBackend):
+        raise DraftwiseError(f"backend {be.name!r} cannot run redrafter")
+    embed = be.model.embed
+    net = load_redrafter(ckpt, embed, ctx.tokenizer_id, weights_fingerprint(embed))
+    return ReDrafter(TorchRecurrentStep(net, be), **opts)
+
+
+@dataclass(frozen=True)
+class TrainRecipe:
+    """Data and training sizes of ``draftwise train-drafter`` (defaults: ~1 h on 2 cores)."""
+
+    batches: int = 24  # distillation shards (batch prompts each)
+    batch: int = 32  # prompts per generation forward
+    gen_len: int = 96  # greedy tokens per prompt
+    max_prompt: int = 128  # prompt tokens kept (the end of longer ones)
+    draft_vocab: int = 4096  # K most frequent output ids the head can draft
+    resblocks: int = 1
+    t: int = 5  # predicted positions per training sample
+    epochs: float = 2.0
+    lr: float = 1e-3
+    train_batch: int = 256
+
+
+def train_redrafter(
+    model_dir: Path, out: Path, prompts: Path, recipe: TrainRecipe, quiet: bool = False
+) -> dict[str, Any]:
+    """Generate (or resume) the distillation data, then train (or resume); returns a
+    summary (sizes, coverage, held-out chain acceptance, times)."""
+    import numpy as np
+    import torch
+    from safetensors import safe_open
+    from tqdm import tqdm
+
+    from draftwise.backends.cuda.redrafter import ReDrafterNet
+    from draftwise.backends.cuda.redrafter_data import load_shards, write_shards
+    from draftwise.backends.cuda.redrafter_io import weights_fingerprint
+    from draftwise.backends.cuda.redrafter_train import (
+        TrainSettings,
+        chain_acceptance,
+        choose_vocab,
+        train,
+    )
+    from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig, read_config
+    from draftwise.models.tokenizer import Tokenizer
+
+    t0 = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=recipe.batches, desc="data (shards)", disable=quiet, file=sys.stderr)
+    bar.update(len(list((out / "data").glob("shard-*.npz"))))
+
+    def data_progress(i: int, n: int) -> None:
+        bar.update(1)
+
+    write_shards(
+        model_dir,
+        prompts,
+        out / "data",
+        recipe.batches,
+        recipe.batch,
+        recipe.gen_len,
+        recipe.max_prompt,
+        data_progress,
+    )
+    bar.close()
+    t_data = time.time() - t0
+    tokens, hidden, valid = load_shards(out / "data")
+    hold = max(1, tokens.shape[0] // 20)  # the last 5% of rows: held out
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        embed = f.get_tensor("model.embed_tokens.weight").float()  # (V, C)
+    vocab, cover = choose_vocab(
+        tokens[:-hold], valid[:-hold], recipe.draft_vocab, int(embed.shape[0])
+    )
+    tok_id = Tokenizer.from_dir(model_dir).identity()
+    cfg = ReDrafterConfig(
+        int(embed.shape[1]),
+        int(embed.shape[0]),
+        int(vocab.size),
+        recipe.resblocks,
+        tok_id,
+        weights_fingerprint(embed),
+        model_dir.name,
+    )
+    if (out / "config.json").is_file():  # resuming: keep the vocabulary it was trained on
+        old, _ = read_config(out)
+        if old.fingerprint != cfg.fingerprint:
+            raise DraftwiseError(
+                f"{out} holds a drafter for other model weights; use another --out"
+            )
+    net = ReDrafterNet(cfg, embed, torch.from_numpy(vocab))
+    s = TrainSettings(recipe.t, recipe.epochs, recipe.lr, recipe.train_batch)
+    tbar = tqdm(desc="train (steps)", disable=quiet, file=sys.stderr)
+
+    def train_progress(step: int, total: int, loss: float) -> None:
+        tbar.total = total
+        tbar.n = step
+        tbar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        tbar.refresh()
+
+    torch.manual_seed(0)
+    t1 = time.time()
+    losses = train(net, tokens[:-hold], hidden[:-hold], valid[:-hold], out, s, train_progress)
+    tbar.close()
+    acc = chain_acceptance(net, tokens[-hold:], hidden[-hold:], valid[-hold:], recipe.t)
+    return {
+        "recipe": asdict(recipe),
+        "rows": int(tokens.shape[0]),
+        "tokens": int(valid.sum()),
+        "draft_vocab": int(vocab.size),
+        "coverage": round(cover, 4),
+        "heldout_chain_acceptance": [round(float(a), 4) for a in acc],
+        "heldout_chain_tokens_per_step": round(1 + float(np.sum(acc)), 3),
+        "last_losses": [round(x, 3) for x in losses[-5:]],
+        "data_s": round(t_data, 1),
+        "train_s": round(time.time() - t1, 1),
+    }

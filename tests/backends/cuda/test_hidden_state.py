@@ -1,0 +1,46 @@
+"""The target's hidden state a drafter reads after ``prefill``/``commit`` equals the
+last-layer hidden state (after the final norm) of a plain transformers forward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from draftwise.backends.cuda import TorchBackend  # noqa: E402
+from draftwise.core.tree import DraftTree  # noqa: E402
+from draftwise.errors import DraftwiseError  # noqa: E402
+from tests.backends.cuda.test_torch_backend import V, _save_tiny  # noqa: E402
+
+
+def _ref_hidden(model, ids) -> np.ndarray:
+    """(T, C) transformers' last hidden state (after the final norm), no cache."""
+    with torch.no_grad():
+        out = model(torch.tensor([list(ids)]), output_hidden_states=True)
+    return out.hidden_states[-1][0].numpy()
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_hidden_of_accepted_row_equals_plain_forward(tmp_path, invariant):
+    model_dir, ref = _save_tiny(tmp_path / "m", "llama")
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(0, V, 9)
+    be = TorchBackend.from_pretrained(model_dir, device="cpu", invariant=invariant)
+    be.prefill(ctx[:-1])
+    assert be.hidden_len == be.cache_len == 8
+    want = _ref_hidden(ref, ctx[:-1])
+    np.testing.assert_allclose(be.last_hidden().numpy(), want[-1], atol=1e-4)
+
+    # a tree with two branches; keep the root and the second branch (rows 0, 2, 4)
+    tree = DraftTree(np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 1]))
+    be.verify(int(ctx[-1]), tree, need_logits=False)
+    be.commit(np.array([0, 2, 4]))
+    seq = [*ctx.tolist(), 6, 8]
+    assert be.hidden_len == be.cache_len == len(seq)
+    np.testing.assert_allclose(be.last_hidden().numpy(), _ref_hidden(ref, seq)[-1], atol=1e-4)
+
+    be.trim(5)  # another length: nothing held for it
+    with pytest.raises(DraftwiseError, match="no hidden state for cache length 5"):
+        be.last_hidden()

@@ -1,0 +1,129 @@
+"""Beam search equals a naive loop and, when wide enough, brute force; dedup equals a trie."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from draftwise.core.beam import Beams, beam_search, dedup_beams
+from draftwise.errors import DraftwiseError
+
+
+class TableRNN:
+    """A tiny deterministic 'network': log-probs depend on the whole path so far."""
+
+    def __init__(self, vocab: int, seed: int) -> None:
+        self.vocab, self.rng_seed = vocab, seed
+        self.paths: list[tuple[int, ...]] = []
+
+    def logp(self, path: tuple[int, ...]) -> np.ndarray:
+        rng = np.random.default_rng(abs(hash((self.rng_seed, path))) % (2**32))
+        x = rng.normal(size=self.vocab) * 2.0
+        return x - np.log(np.exp(x).sum())
+
+    def step(self, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
+        new = [
+            (self.paths[p] if p >= 0 else ()) + (int(t),)
+            for t, p in zip(tokens.tolist(), parents.tolist(), strict=True)
+        ]
+        self.paths = new
+        return np.stack([self.logp(p) for p in new])
+
+
+def naive_beam(net: TableRNN, root: int, width: int, length: int) -> list[tuple[float, list[int]]]:
+    beams: list[tuple[float, list[int]]] = [(0.0, [])]
+    for _ in range(length):
+        cand = []
+        for bi, (s, seq) in enumerate(beams):
+            lp = net.logp(tuple([root] + seq))
+            for v in range(net.vocab):
+                cand.append((s + lp[v], bi * net.vocab + v, seq + [v]))
+        cand.sort(key=lambda c: (-c[0], c[1]))
+        beams = [(c[0], c[2]) for c in cand[:width]]
+    return beams
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_beam_search_equals_naive_loop(seed: int) -> None:
+    net = TableRNN(vocab=5, seed=seed)
+    got = beam_search(net.step, root=3, width=3, length=4)
+    want = naive_beam(TableRNN(5, seed), 3, 3, 4)
+    assert got.tokens.tolist() == [seq for _, seq in want]
+    np.testing.assert_allclose(got.score, [s for s, _ in want])
+    np.testing.assert_allclose(got.logp.sum(axis=1), got.score)
+
+
+def test_wide_beam_equals_brute_force() -> None:
+    """With width >= V^(T-1) nothing is pruned early: the beams are the global top-k."""
+    vocab, length, width = 3, 3, 9
+    net = TableRNN(vocab, seed=11)
+    got = beam_search(net.step, root=0, width=width, length=length)
+    scored = []
+    for seq in itertools.product(range(vocab), repeat=length):
+        s = sum(net.logp(tuple([0, *seq[:i]]))[seq[i]] for i in range(length))
+        scored.append((-s, seq))
+    scored.sort()
+    assert [tuple(r) for r in got.tokens.tolist()] == [seq for _, seq in scored[:width]]
+
+
+def naive_trie(tokens: np.ndarray) -> tuple[list[int], list[int]]:
+    """BFS trie of the rows, nodes at a depth in first-beam order."""
+    ids: dict[tuple[int, ...], int] = {}
+    toks, pars = [], []
+    for d in range(tokens.shape[1]):
+        for row in tokens.tolist():
+            key = tuple(row[: d + 1])
+            if key not in ids:
+                ids[key] = len(toks)
+                toks.append(row[d])
+                pars.append(ids[key[:-1]] if d else -1)
+    return toks, pars
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dedup_equals_naive_trie(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    bw, t = rng.integers(1, 8), rng.integers(1, 6)
+    tokens = rng.integers(0, 3, size=(bw, t))
+    # a real drafter gives one log-prob per distinct prefix
+    table: dict[tuple[int, ...], float] = {}
+    logp = np.array(
+        [
+            [table.setdefault(tuple(r[: d + 1]), -rng.random()) for d in range(t)]
+            for r in tokens.tolist()
+        ]
+    )
+    beams = Beams(tokens, logp, logp.sum(axis=1))
+    got = dedup_beams(beams)
+    toks, pars = naive_trie(tokens)
+    assert got.tree.tokens.tolist() == toks
+    assert got.tree.parents.tolist() == pars
+    assert (got.packed, got.unpacked) == (len(toks), bw * t)
+    # every beam is a path of the tree, with its per-position log-probs
+    for b in range(bw):
+        node, path = -1, []
+        for d in range(t):
+            kids = np.flatnonzero((got.tree.parents == node) & (got.tree.tokens == tokens[b, d]))
+            assert kids.size == 1
+            node = int(kids[0])
+            path.append(node)
+        np.testing.assert_allclose(got.path_logp[path], np.cumsum(logp[b]))
+
+
+def test_budget_keeps_most_probable_nodes_with_parents() -> None:
+    tokens = np.array([[1, 2, 3], [1, 4, 5], [6, 7, 8]])
+    logp = np.log(np.array([[0.9, 0.5, 0.5], [0.9, 0.4, 0.9], [0.05, 0.9, 0.9]]))
+    got = dedup_beams(Beams(tokens, logp, logp.sum(1)), budget=4)
+    # paths: 1 .9, 12 .45, 14 .36, 145 .324, 123 .225, 6 .05
+    assert got.tree.tokens.tolist() == [1, 2, 4, 5]
+    assert got.tree.parents.tolist() == [-1, 0, 0, 2]
+    np.testing.assert_allclose(np.exp(got.path_logp), [0.9, 0.45, 0.36, 0.324])
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(DraftwiseError, match="width"):
+        beam_search(lambda t, p: np.zeros((1, 2)), 0, 0, 2)
+    with pytest.raises(DraftwiseError, match="log-probs"):
+        beam_search(lambda t, p: np.zeros(2), 0, 2, 2)

@@ -1,0 +1,53 @@
+"""The core ReDrafter over a fake recurrent network: beams map draft-vocabulary columns
+to target ids, share prefixes, respect the budget, and draft nothing without a hidden state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from draftwise.core.drafters.redrafter import RecurrentNet, ReDrafter
+from draftwise.errors import DraftwiseError
+
+
+class FakeNet:
+    """Draft vocabulary: target ids 100..104; after target id x it prefers 100 + (x+1) % 5."""
+
+    def __init__(self, ready: bool = True) -> None:
+        self.vocab_ids = np.arange(100, 105)
+        self.ready = ready
+        self.calls: list[tuple[list[int], list[int]]] = []
+
+    def start(self, cache_len: int) -> bool:
+        self.cache_len = cache_len
+        return self.ready
+
+    def step(self, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
+        self.calls.append((tokens.tolist(), parents.tolist()))
+        lp = np.full((tokens.size, 5), np.log(0.1))
+        lp[np.arange(tokens.size), (tokens + 1) % 5] = np.log(0.6)
+        return lp
+
+
+def test_beams_become_a_tree_of_target_ids() -> None:
+    net = FakeNet()
+    assert isinstance(net, RecurrentNet)
+    d = ReDrafter(net, bw=2, t=3)
+    tree = d.propose(np.array([7, 8, 103]), budget=64)
+    assert net.cache_len == 2  # the hidden state of the token before the root
+    assert net.calls[0] == ([103], [-1])  # the root, from the initial state
+    assert all(t >= 100 for toks, _ in net.calls[1:] for t in toks)  # then target ids
+    # best beam: 103 -> 104 -> 100 -> 101
+    best = [int(tree.tokens[i]) for i in tree.path_to(int(np.flatnonzero(tree.depth == 3)[0]))]
+    assert best == [104, 100, 101]
+    assert d.last is not None and d.last.unpacked == 6 and d.last.packed == len(tree) < 6
+    np.testing.assert_allclose(np.exp(d.last.path_logp[0]), 0.6)
+
+
+def test_budget_and_no_hidden_state() -> None:
+    d = ReDrafter(FakeNet(), bw=3, t=4)
+    assert len(d.propose(np.array([1, 2]), budget=5)) == 5
+    assert len(ReDrafter(FakeNet(ready=False)).propose(np.array([1, 2]), budget=8)) == 0
+    assert len(d.propose(np.array([1, 2]), budget=0)) == 0
+    with pytest.raises(DraftwiseError, match="bw=0"):
+        ReDrafter(FakeNet(), bw=0)
