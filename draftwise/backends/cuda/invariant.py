@@ -55,10 +55,11 @@ MAX_ROWS = 32  # rows per forward: the bf16 lm_head GEMM is row-invariant only u
 MIN_GEMM_ROWS = 4
 _MIN_ROWS = {"float32": 16, "bfloat16": 2}  # pad to this many rows (see the module doc)
 # A forward whose rows together see at most this many keys gathers every row's whole key
-# list (one index op, no shared GEMM): about 20 ops per layer instead of 35, which is most
-# of a small step's attention time on a CPU. The blocks, and the arithmetic per block, are
-# the same as with a shared part, so the choice never changes a row's bits.
-GATHER_ALL_KEYS = 4096
+# list (one index_select, no shared GEMM). The blocks, and the arithmetic per block, are
+# the same as with a shared part, so the choice never changes a row's bits (tested). On
+# the AMD EPYC here it did not pay at any size (``draftwise tune``, context 256: 1 row
+# 34.7 ms shared vs 38.0 gathered, 8 rows 42.9 vs 65.0), so it is off.
+GATHER_ALL_KEYS = 0
 
 
 def min_rows(dtype: str) -> int:
