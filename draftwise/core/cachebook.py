@@ -29,6 +29,11 @@ from draftwise.errors import DraftwiseError
 class CacheBook:
     """Length and checks of a single-sequence KV cache of ``context_limit`` slots."""
 
+    # The cache length at which the backend's last-layer hidden state of the last cached
+    # token is valid (-1: none). Backends store the tensor; the bookkeeping lives here, so
+    # reset and trim invalidate it for every backend and subclass alike.
+    _hidden_len = -1
+
     def __init__(self, context_limit: int, vocab_size: int) -> None:
         self.context_limit = context_limit
         self.vocab_size = vocab_size
@@ -39,14 +44,28 @@ class CacheBook:
     def cache_len(self) -> int:
         return self._len
 
+    @property
+    def hidden_len(self) -> int:
+        """The cache length at which ``last_hidden`` is valid (-1: not available)."""
+        return self._hidden_len
+
+    def _check_hidden(self) -> None:
+        if self._hidden_len < 0 or self._hidden_len != self._len:
+            raise DraftwiseError(
+                f"no hidden state for cache length {self._len} (held for {self._hidden_len})"
+            )
+
     def reset(self) -> None:
         # Nothing to clear: slots past cache_len are never read before being rewritten.
         self._len = 0
         self._pending = 0
+        self._hidden_len = -1
 
     def trim(self, n: int) -> None:
         if not 0 <= n <= self._len:
             raise DraftwiseError(f"cannot trim the cache to {n} tokens: it holds {self._len}")
+        if n != self._len:
+            self._hidden_len = -1
         self._len = n
         self._pending = 0
 

@@ -120,29 +120,12 @@ class TorchBackend(CacheBook, BatchMixin):
         return cls(model, limit, inv)
 
     # ----- the target's hidden state, for drafters conditioned on it ---------------------
-    @property
-    def hidden_len(self) -> int:
-        """The cache length at which ``last_hidden`` is valid (-1: not available)."""
-        return self._hidden_len
-
     def last_hidden(self) -> torch.Tensor:
         """(C,) last-layer hidden state (after the final norm) of the last cached token,
         the one that predicts the root: left on the device, no forward, no sync."""
-        if self._hidden_x is None or self._hidden_len != self._len:
-            raise DraftwiseError(
-                f"no hidden state for cache length {self._len} (held for {self._hidden_len})"
-            )
+        self._check_hidden()
         with torch.inference_mode():
             return self.model.final_hidden(self._hidden_x)  # (C,)
-
-    def reset(self) -> None:
-        super().reset()
-        self._hidden_len = -1
-
-    def trim(self, n: int) -> None:
-        super().trim(n)
-        if n != self._hidden_len:
-            self._hidden_len = -1
 
     # ----- saved prefixes (core/prefixes.py) ------------------------------------------
     def save_prefix(self, n: int) -> torch.Tensor:

@@ -52,9 +52,7 @@ class MLXDraftLM(MLXBackend):
         CacheBook.__init__(self, model.max_cache_len, model.vocab_size)
         self.vocab_size = min(model.vocab_size, vocab_limit or model.vocab_size)
         self._scratch = 0
-        # the backend's hidden-state record (ReDrafter's input), kept like the backend's
-        self._rows_x = self._hidden_x = None
-        self._hidden_len = -1
+        self._rows_x = self._hidden_x = None  # the backend's hidden-state record
 
     @property
     def scratch_len(self) -> int:
