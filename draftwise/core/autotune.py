@@ -6,6 +6,9 @@ Two models decide the tree:
   this device (``draftwise tune`` measures it; ``cost(r, c)`` interpolates).
 - ``AcceptanceModel``: for each drafter, depth and sibling rank, the probability that a
   node is accepted given that its parent was, as Beta-smoothed, slowly forgetting counts.
+  A drafter that states its own probability of a node (``DraftTree.prob``: ReDrafter's
+  beam probabilities) is binned by that probability instead of by rank
+  (``PROB_EDGES``): the counts calibrate it online.
 
 Given the drafters' full tree (every member's tree, merged without a cut, so that one
 member's many shallow guesses cannot push out another's deep ones), a node's chance of
@@ -51,6 +54,24 @@ from draftwise.errors import DraftwiseError
 # deep nodes of a copying turn near 0.25 for too long.
 AUTO_PRIOR = (0.25, 1.0)
 
+# Bins of a node's own draft probability (``DraftTree.prob``), most confident first: a
+# node with q >= 0.8 takes the rank cell 0, q in [0.6, 0.8) cell 1, ..., q < 0.03 cell 7.
+PROB_EDGES = np.array([0.8, 0.6, 0.4, 0.25, 0.15, 0.08, 0.03])
+# Prior mean of each bin (about its middle): the drafter's word until counts say otherwise.
+PROB_PRIOR = np.array([0.9, 0.7, 0.5, 0.32, 0.2, 0.11, 0.05, 0.015])
+
+
+def prob_bins(prob: np.ndarray) -> np.ndarray:
+    """(N,) bin of each draft probability (``PROB_EDGES``); -1 where it is NaN.
+
+    Example::
+
+        >>> prob_bins(np.array([0.95, 0.5, 0.01, np.nan])).tolist()
+        [0, 2, 7, -1]
+    """
+    bins = np.searchsorted(-PROB_EDGES, -prob, side="left")  # (N,)
+    return np.where(np.isnan(prob), -1, bins)
+
 
 class AcceptanceModel:
     """P(node accepted | parent accepted) per (source, depth, sibling rank)."""
@@ -62,20 +83,31 @@ class AcceptanceModel:
         max_rank: int = 8,
         prior: tuple[float, float] = AUTO_PRIOR,
         decay: float = 0.998,
+        prob_sources: Sequence[int] = (),
     ) -> None:
+        """``prob_sources``: the drafters whose nodes carry their own probability; their
+        cells start from each bin's ``PROB_PRIOR`` (same weight as ``prior``)."""
         shape = (n_sources, max_depth, max_rank)
         self.hits = np.full(shape, prior[0], np.float64)
         self.tries = np.full(shape, prior[0] + prior[1], np.float64)
         self.prior = prior
         self.decay = decay
+        bins = min(max_rank, PROB_PRIOR.size)
+        for s in prob_sources:
+            self.hits[s, :, :bins] = PROB_PRIOR[None, :bins] * sum(prior)
+        self._prior_hits = self.hits.copy()  # what the counts forget back towards
 
     def _index(self, tree: DraftTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n_src, n_depth, n_rank = self.hits.shape
         src = tree.source if tree.source is not None else np.zeros(len(tree), np.int16)
+        rank = tree.sibling_rank()  # (N,)
+        if tree.prob is not None:  # a drafter's own probability: its bin stands for the rank
+            bins = prob_bins(tree.prob)
+            rank = np.where(bins >= 0, bins, rank)
         return (
             np.minimum(src.astype(np.int64), n_src - 1),
             np.minimum(tree.depth - 1, n_depth - 1),
-            np.minimum(tree.sibling_rank(), n_rank - 1),
+            np.minimum(rank, n_rank - 1),
         )
 
     def index(self, tree: DraftTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -101,7 +133,7 @@ class AcceptanceModel:
         reached = known & parent_ok
         if not reached.any():
             return
-        self.hits = self.prior[0] + (self.hits - self.prior[0]) * self.decay
+        self.hits = self._prior_hits + (self.hits - self._prior_hits) * self.decay
         self.tries = sum(self.prior) + (self.tries - sum(self.prior)) * self.decay
         s, d, r = (a[reached] for a in (self._index(tree) if index is None else index))
         np.add.at(self.tries, (s, d, r), 1.0)
@@ -172,7 +204,10 @@ class AutoDrafter:
         self.cost = cost  # the curve of the path in use (see plan_for)
         self._sampling_cost = sampling_cost
         self.max_budget = max_budget
-        self.acc = AcceptanceModel(n_sources=len(self.members))
+        self._prob_sources = [
+            i for i, m in enumerate(self.members) if getattr(m, "states_probabilities", False)
+        ]
+        self.acc = AcceptanceModel(n_sources=len(self.members), prob_sources=self._prob_sources)
         self.last_budget = 0
         # (full tree, root index, its acceptance cells) awaiting the tokens that judge it
         self._pending: deque[tuple[DraftTree, int, tuple[np.ndarray, ...]]] = deque()
@@ -187,7 +222,7 @@ class AutoDrafter:
     def reset(self) -> None:
         for m in self.members:
             m.reset()
-        self.acc = AcceptanceModel(n_sources=len(self.members))
+        self.acc = AcceptanceModel(n_sources=len(self.members), prob_sources=self._prob_sources)
         self._pending.clear()
 
     def begin(self, prompt: np.ndarray) -> None:

@@ -129,7 +129,7 @@ def dedup_beams(beams: Beams, budget: int | None = None) -> BeamTree:
     tokens = np.concatenate(tok_of)
     logp = np.concatenate(lp_of)
     path = np.concatenate(path_of)
-    tree = DraftTree(tokens, parents)
+    tree = DraftTree(tokens, parents, prob=np.exp(logp))
     if budget is not None and budget < n:
         depth = tree.depth
         keep = np.lexsort((np.arange(n), depth, -path))[: max(budget, 0)]

@@ -4,7 +4,10 @@ A ``DraftTree`` holds ``N`` draft nodes as flat arrays, in topological order (a 
 parent always comes before it):
 
 - ``tokens[N]``: the drafted token of each node;
-- ``parents[N]``: the index of each node's parent, ``-1`` for children of the root.
+- ``parents[N]``: the index of each node's parent, ``-1`` for children of the root;
+- optional ``source[N]`` (which drafter proposed the node) and ``prob[N]`` (the proposing
+  drafter's own probability of the node given its parent's path, NaN where it has none;
+  ``auto`` calibrates it into an acceptance estimate).
 
 The *root* is the last token of the context that is not in the model's KV cache yet (the
 previous step's bonus token). It is not stored in the tree; backends verify the
@@ -39,6 +42,7 @@ class DraftTree:
     tokens: np.ndarray  # (N,) int64
     parents: np.ndarray  # (N,) int64, -1 = child of the root
     source: np.ndarray | None = None  # (N,) int16 drafter id per node, optional
+    prob: np.ndarray | None = None  # (N,) float64 draft probability per node, optional
     _depth: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -59,11 +63,23 @@ class DraftTree:
         object.__setattr__(self, "_depth", depth)
         if self.source is not None:
             object.__setattr__(self, "source", np.asarray(self.source, dtype=np.int16))
+        if self.prob is not None:
+            prob = np.asarray(self.prob, dtype=np.float64).reshape(-1)
+            if prob.shape != tokens.shape:
+                raise DraftwiseError(
+                    f"draft tree needs one probability per node, got {prob.size} for {tokens.size}"
+                )
+            object.__setattr__(self, "prob", prob)
 
     # ----- construction -------------------------------------------------------------
     @classmethod
     def _trusted(
-        cls, tokens: np.ndarray, parents: np.ndarray, source: np.ndarray | None, depth: np.ndarray
+        cls,
+        tokens: np.ndarray,
+        parents: np.ndarray,
+        source: np.ndarray | None,
+        depth: np.ndarray,
+        prob: np.ndarray | None = None,
     ) -> DraftTree:
         """A tree from arrays already known valid (int64 ``tokens`` and ``parents`` in
         topological order, their ``depth``): the hot path skips the checks."""
@@ -71,8 +87,13 @@ class DraftTree:
         object.__setattr__(tree, "tokens", tokens)
         object.__setattr__(tree, "parents", parents)
         object.__setattr__(tree, "source", source)
+        object.__setattr__(tree, "prob", prob)
         object.__setattr__(tree, "_depth", depth)
         return tree
+
+    def with_prob(self, prob: np.ndarray) -> DraftTree:
+        """This tree with the drafter's own probability of each node (N,)."""
+        return DraftTree(self.tokens, self.parents, self.source, prob)
 
     @classmethod
     def empty(cls) -> DraftTree:
@@ -171,7 +192,8 @@ class DraftTree:
         if np.any((parents >= 0) & (remap[parents] < 0)):
             raise DraftwiseError("a subset of a draft tree must keep every kept node's parent")
         src = self.source[keep] if self.source is not None else None
-        return DraftTree._trusted(self.tokens[keep], remap[parents], src, self._depth[keep])
+        prob = self.prob[keep] if self.prob is not None else None
+        return DraftTree._trusted(self.tokens[keep], remap[parents], src, self._depth[keep], prob)
 
     def is_chain(self) -> bool:
         return bool(np.array_equal(self.parents, np.arange(-1, self.tokens.size - 1)))
@@ -255,7 +277,8 @@ def merge_trees(trees: Sequence[DraftTree], budget: int | None = None) -> DraftT
     """Merge trees rooted at the same context into one, deduplicating shared prefixes.
     Earlier trees win ties: the result is breadth-first, and within a depth the first
     tree's nodes come first, so cutting to ``budget`` favours them. A node's ``source``
-    is the index of the first tree that proposed it.
+    is the index of the first tree that proposed it, its ``prob`` that tree's (NaN when
+    that tree has none; no ``prob`` at all when no tree has one).
 
     Example::
 
@@ -268,9 +291,14 @@ def merge_trees(trees: Sequence[DraftTree], budget: int | None = None) -> DraftT
     parents: list[int] = []
     sources: list[int] = []
     depths: list[int] = []
+    probs: list[float] = []
+    any_prob = any(t.prob is not None for t in trees)
     for k, tree in enumerate(trees):
         mapped: list[int] = []  # node of ``tree`` -> merged node
-        for tok, par, d in zip(tree.tokens.tolist(), tree.parents.tolist(), tree.depth.tolist()):
+        own = tree.prob.tolist() if tree.prob is not None else [float("nan")] * len(tree)
+        for tok, par, d, q in zip(
+            tree.tokens.tolist(), tree.parents.tolist(), tree.depth.tolist(), own
+        ):
             key = (mapped[par] if par >= 0 else -1, tok)
             node = children.get(key)
             if node is None:
@@ -279,6 +307,7 @@ def merge_trees(trees: Sequence[DraftTree], budget: int | None = None) -> DraftT
                 parents.append(key[0])
                 sources.append(k)
                 depths.append(d)
+                probs.append(q)
             mapped.append(node)
     n = len(tokens)
     if n == 0:
@@ -291,7 +320,10 @@ def merge_trees(trees: Sequence[DraftTree], budget: int | None = None) -> DraftT
     remap[order] = np.arange(order.size)
     new_parents = remap[np.asarray(parents, np.int64)[order]]
     src = np.asarray(sources, np.int16)[order]
-    return DraftTree._trusted(np.asarray(tokens, np.int64)[order], new_parents, src, depth[order])
+    prob = np.asarray(probs, np.float64)[order] if any_prob else None
+    return DraftTree._trusted(
+        np.asarray(tokens, np.int64)[order], new_parents, src, depth[order], prob
+    )
 
 
 def path_reduce(

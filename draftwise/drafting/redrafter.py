@@ -68,22 +68,38 @@ def build_redrafter(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     return ReDrafter(TorchRecurrentStep(net, be), **opts)
 
 
+def auto_redrafter(ctx: DraftingContext, mode: str, bw: int, t: int) -> Drafter | None:
+    """``auto``'s ReDrafter member: ``off`` none; ``on`` the ``redrafter`` drafter (its
+    errors stand); ``auto`` it when a checkpoint made for this model loads on this
+    backend, else none (another model, no checkpoint, no hidden states)."""
+    if mode == "off":
+        return None
+    if mode == "on":
+        return build_redrafter(ctx, {"bw": bw, "t": t})
+    if ctx.backend is None or not (checkpoint_for(ctx, None) / "config.json").is_file():
+        return None
+    try:
+        return build_redrafter(ctx, {"bw": bw, "t": t})
+    except DraftwiseError:
+        return None
+
+
 @dataclass(frozen=True)
 class TrainRecipe:
-    """Data and training sizes of ``draftwise train-drafter`` (defaults: ~1 h on 2 cores)."""
+    """Data and training sizes of ``draftwise train-drafter`` (defaults: ~1 h on 2 cores).
 
-    batches: int = 24  # distillation shards (batch prompts each)
+    With ``forced_batches > 0`` (the default) the network trains on teacher-forced corpus
+    conversations labelled with the target's argmax, and the greedy continuations
+    (``batches``) are held out to measure it on exactly what it will draft; with 0 it
+    trains on the greedy continuations, their last 5% held out."""
+
+    batches: int = 8  # greedy-continuation shards (batch prompts each)
     batch: int = 32  # prompts per generation forward
     gen_len: int = 96  # greedy tokens per prompt
     max_prompt: int = 128  # prompt tokens kept (the end of longer ones)
+    forced_batches: int = 170  # teacher-forced shards (8 rows of 512 tokens each)
+    forced_skip: int = 1024  # corpus rows (shuffled) before the teacher-forced ones
     draft_vocab: int = 4096  # K most frequent output ids the head can draft
-    resblocks: int = 1
-    t: int = 5  # predicted positions per training sample
-    epochs: float = 2.0
-    lr: float = 1e-3
-    train_batch: int = 256
-
-
 def train_redrafter(
     model_dir: Path, out: Path, prompts: Path, recipe: TrainRecipe, quiet: bool = False
 ) -> dict[str, Any]:
@@ -95,7 +111,11 @@ def train_redrafter(
     from tqdm import tqdm
 
     from draftwise.backends.cuda.redrafter import ReDrafterNet
-    from draftwise.backends.cuda.redrafter_data import load_shards, write_shards
+    from draftwise.backends.cuda.redrafter_data import (
+        load_shards,
+        write_forced_shards,
+        write_shards,
+    )
     from draftwise.backends.cuda.redrafter_io import weights_fingerprint
     from draftwise.backends.cuda.redrafter_train import (
         TrainSettings,
@@ -106,6 +126,11 @@ def train_redrafter(
     from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig, read_config
     from draftwise.models.tokenizer import Tokenizer
 
+    if recipe.forced_batches > 0 and recipe.forced_skip < recipe.batches * recipe.batch:
+        raise DraftwiseError(
+            f"--forced-skip {recipe.forced_skip} would train on the held-out prompts: "
+            f"it must be at least --batches x --batch = {recipe.batches * recipe.batch}"
+        )
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=recipe.batches, desc="data (shards)", disable=quiet, file=sys.stderr)
@@ -125,14 +150,33 @@ def train_redrafter(
         data_progress,
     )
     bar.close()
+    forced = out / "forced"
+    if recipe.forced_batches > 0:
+        fbar = tqdm(total=recipe.forced_batches, desc="data (forced)", disable=quiet, file=sys.stderr)
+        fbar.update(len(list(forced.glob("forced-*.npz"))))
+        write_forced_shards(
+            model_dir,
+            prompts,
+            forced,
+            recipe.forced_batches,
+            skip=recipe.forced_skip,
+            progress=lambda i, n: fbar.update(1),
+        )
+        fbar.close()
     t_data = time.time() - t0
-    tokens, hidden, valid = load_shards(out / "data")
-    hold = max(1, tokens.shape[0] // 20)  # the last 5% of rows: held out
+    g_tokens, g_hidden, g_valid, _ = load_shards(out / "data")
+    if recipe.forced_batches > 0:
+        tokens, hidden, valid, labels = load_shards(forced, "forced-*.npz")
+        held = (g_tokens, g_hidden, g_valid)
+        train_labels: Any = labels
+    else:
+        hold = max(1, g_tokens.shape[0] // 20)  # the last 5% of rows: held out
+        tokens, hidden, valid = g_tokens[:-hold], g_hidden[:-hold], g_valid[:-hold]
+        held = (g_tokens[-hold:], g_hidden[-hold:], g_valid[-hold:])
+        labels, train_labels = tokens, None
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
         embed = f.get_tensor("model.embed_tokens.weight").float()  # (V, C)
-    vocab, cover = choose_vocab(
-        tokens[:-hold], valid[:-hold], recipe.draft_vocab, int(embed.shape[0])
-    )
+    vocab, cover = choose_vocab(labels, valid, recipe.draft_vocab, int(embed.shape[0]))
     tok_id = Tokenizer.from_dir(model_dir).identity()
     cfg = ReDrafterConfig(
         int(embed.shape[1]),
@@ -161,13 +205,13 @@ def train_redrafter(
 
     torch.manual_seed(0)
     t1 = time.time()
-    losses = train(net, tokens[:-hold], hidden[:-hold], valid[:-hold], out, s, train_progress)
+    losses = train(net, tokens, hidden, valid, out, s, train_progress, train_labels)
     tbar.close()
-    acc = chain_acceptance(net, tokens[-hold:], hidden[-hold:], valid[-hold:], recipe.t)
+    acc = chain_acceptance(net, *held, recipe.t)
     return {
         "recipe": asdict(recipe),
-        "rows": int(tokens.shape[0]),
-        "tokens": int(valid.sum()),
+        "train_tokens": int(valid.sum()),
+        "heldout_greedy_tokens": int(held[2].sum()),
         "draft_vocab": int(vocab.size),
         "coverage": round(cover, 4),
         "heldout_chain_acceptance": [round(float(a), 4) for a in acc],

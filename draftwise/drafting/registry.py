@@ -29,7 +29,7 @@ from draftwise.drafting.assets import BIGRAM_TABLE, COST_PROFILE
 from draftwise.drafting.context import DraftingContext
 from draftwise.drafting.draft_models import build_card, build_draft
 from draftwise.drafting.options import OBJECT, PATH, Option
-from draftwise.drafting.redrafter import build_redrafter
+from draftwise.drafting.redrafter import auto_redrafter, build_redrafter
 
 Builder = Callable[[DraftingContext, dict[str, Any]], Drafter]
 
@@ -78,9 +78,14 @@ def build_auto(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
         # at temperature > 0 each verify brings every row's logits to the host: its own
         # curve, measured (or read) on the first such generation
         opts.setdefault("sampling_cost", lambda: assets.cost_profile(quiet=quiet, sampling=True))
+    neural = opts.pop("redrafter", "auto")
+    bw, t = opts.pop("rd_bw", 4), opts.pop("rd_t", 5)
     precise = Cacheback(ll=3, table="dynamic")
     precise.name = "cacheback-ll3"  # its own state file beside the others (save_members)
     members = [precise, SSD(), build_cacheback(ctx, {})]
+    rd = auto_redrafter(ctx, neural, bw, t)
+    if rd is not None:  # last: the saved states of the others keep their indices
+        members.append(rd)
     return AutoDrafter(members, cost, **opts)
 
 
@@ -170,9 +175,14 @@ register(DrafterEntry(
     _ngram_options(q=True) + _TABLE_OPTIONS, _with_bigram_table(NGrammys), frozenset({BIGRAM_TABLE}),
 ))
 register(DrafterEntry(
-    "auto", "Cacheback + SSD in one tree, sized each step by this device's cost curve", (
+    "auto", "Cacheback + SSD (+ ReDrafter) in one tree, sized each step by this device's cost curve", (
         Option("max_budget", int, 64, "most tree nodes per step", low=0, high=MAX_BUDGET),
         Option("cost", OBJECT, None, "a CostModel (default: this device's profile)", remote=False),
+        Option("redrafter", str, "auto", "ReDrafter as a member (auto: when a checkpoint "
+               "for this model is found)", choices=("auto", "on", "off"), remote=False),
+        Option("rd_bw", int, 4, "ReDrafter member's beam width", low=1, high=16, remote=False),
+        Option("rd_t", int, 5, "ReDrafter member's tokens per beam", low=1, high=16,
+               remote=False),
     ), build_auto, frozenset({COST_PROFILE}),
 ))
 

@@ -188,3 +188,40 @@ def test_sampling_generation_plans_with_the_logits_cost_curve():
     assert all(s.drafted == 0 for s in sampled)  # the steep curve keeps nothing
     list(dec.steps(prompt, auto, SamplingParams(), 12))
     assert auto.cost is greedy and asked == [1]
+
+
+def test_stated_probabilities_are_binned_and_calibrated():
+    """A drafter's own node probabilities pick the cell (not the sibling rank); the cells
+    start at the bin's value and learn what is really accepted (calibration)."""
+    # two siblings: rank 0 with q = 0.1 (bin 5), rank 1 with q = 0.9 (bin 0)
+    t = DraftTree(np.array([4, 5]), np.array([-1, -1]), np.zeros(2, np.int16), [0.1, 0.9])
+    acc = AcceptanceModel(prior=(1.0, 1.0), decay=1.0, prob_sources=[0])
+    np.testing.assert_allclose(acc.node_probs(t), [0.11, 0.9])  # the drafter's word first
+    for _ in range(60):  # the confident guess is in fact never right, the other always
+        acc.observe(t, np.array([4]))
+    p = acc.node_probs(t)
+    assert p[0] > 0.9 and p[1] < 0.1
+    # a tree without probabilities still uses ranks; merged trees keep each node's own
+    merged = merge_trees([DraftTree.chain([4, 6]), t])
+    assert merged.tokens.tolist() == [4, 5, 6]
+    np.testing.assert_array_equal(merged.prob, [np.nan, 0.9, np.nan])
+    sub = merged.subset(np.array([0, 1]))
+    np.testing.assert_array_equal(sub.prob, [np.nan, 0.9])
+    assert merge_trees([DraftTree.chain([4])]).prob is None
+
+
+def test_auto_calibrates_a_member_that_states_probabilities():
+    class Stating:
+        name, states_probabilities = "stating", True
+
+        def reset(self) -> None: ...
+        def begin(self, prompt: np.ndarray) -> None: ...
+        def update(self, context: np.ndarray, n_new: int) -> None: ...
+
+        def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+            return DraftTree.chain([1]).with_prob(np.array([0.95]))
+
+    auto = AutoDrafter([NoDrafter(), Stating()], CostModel(rows=[1, 64], ms=[10.0, 10.0]))
+    assert auto.acc.node_probs(auto.propose(np.array([3, 4]), 8))[0] == pytest.approx(0.9)
+    with pytest.raises(DraftwiseError, match="one probability per node, got 1 for 2"):
+        DraftTree.chain([1, 2]).with_prob(np.array([0.5]))

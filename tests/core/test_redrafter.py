@@ -42,6 +42,9 @@ def test_beams_become_a_tree_of_target_ids() -> None:
     assert best == [104, 100, 101]
     assert d.last is not None and d.last.unpacked == 6 and d.last.packed == len(tree) < 6
     np.testing.assert_allclose(np.exp(d.last.path_logp[0]), 0.6)
+    d.reset()  # a new prompt: the run's totals stay (the bench reports them)
+    d.propose(np.array([7, 8, 103]), budget=64)
+    assert d.stats() == {"proposals": 2, "packed": 2 * len(tree), "unpacked": 12}
 
 
 def test_budget_and_no_hidden_state() -> None:

@@ -33,13 +33,18 @@ from draftwise.backends.cuda.redrafter_io import atomic_write
 from draftwise.errors import DraftwiseError
 
 
-def read_prompts(path: Path, seed: int = 0) -> list[str]:
-    """The corpus prompts, shuffled reproducibly."""
+def read_rows(path: Path, seed: int = 0) -> list[dict[str, object]]:
+    """The corpus rows (``prompt``, ``response`` or null), shuffled reproducibly."""
     if not path.is_file():
         raise DraftwiseError(f"no corpus prompts at {path}")
-    rows = [json.loads(line)["prompt"] for line in path.read_text().split("\n") if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
     random.Random(seed).shuffle(rows)
     return rows
+
+
+def read_prompts(path: Path, seed: int = 0) -> list[str]:
+    """The corpus prompts, shuffled reproducibly (the order of ``read_rows``)."""
+    return [str(r["prompt"]) for r in read_rows(path, seed)]
 
 
 def _shard(out: Path, i: int) -> Path:
@@ -121,10 +126,84 @@ def _generate(
     return tokens, hidden, torch.stack(valid, 1).numpy()  # (B, L)
 
 
-def load_shards(out: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All shards concatenated: tokens (N, L), hidden (N, L, C), valid (N, L)."""
-    files = sorted(out.glob("shard-*.npz"))
+def _forced(out: Path, i: int) -> Path:
+    return out / f"forced-{i:05d}.npz"
+
+
+def write_forced_shards(
+    model_dir: Path,
+    prompts_path: Path,
+    out: Path,
+    n_batches: int,
+    skip: int,
+    batch: int = 8,
+    seq_len: int = 512,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Teacher-forced data, the cheap alternative to greedy continuations: corpus
+    conversations (prompt + reference response through the chat template, rows
+    ``skip..`` of ``read_rows``, so the prompts of the greedy shards stay out), packed
+    into rows of ``seq_len + 1`` tokens; one bfloat16 forward per ``batch`` rows gives
+    the last-layer hidden state and the target's argmax at every position.
+
+    Layout as the greedy shards plus ``labels``: ``tokens[b, j]`` is corpus token
+    ``j + 1``, ``hidden[b, j]`` the state after token ``j`` (it predicts ``tokens[b, j]``)
+    and ``labels[b, j]`` the target's argmax from it. A sample at ``j`` is usable as a
+    draft root only where ``tokens[b, j] == labels[b, j]`` (live, the root is always the
+    target's own token); its labels ``labels[b, j+1:]`` are what the target predicts
+    after the corpus prefix."""
+    todo = [i for i in range(n_batches) if not _forced(out, i).is_file()]
+    if not todo:
+        return
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    rows = [r for r in read_rows(prompts_path)[skip:] if r.get("response")]
+    need = max(todo) + 1
+    stream: list[int] = []
+    per = batch * (seq_len + 1)
+    for r in rows:  # tokenise only what the shards need
+        msgs = [
+            {"role": "user", "content": str(r["prompt"])},
+            {"role": "assistant", "content": str(r["response"])},
+        ]
+        ids = tok.apply_chat_template(msgs)
+        stream.extend(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+        if len(stream) >= need * per:
+            break
+    if len(stream) < need * per:
+        raise DraftwiseError(
+            f"corpus {prompts_path} has {len(stream)} conversation tokens after row {skip}; "
+            f"{n_batches} forced shards need {need * per}"
+        )
+    for done, i in enumerate(todo):
+        x = torch.tensor(stream[i * per : (i + 1) * per]).view(batch, seq_len + 1)  # (B, L+1)
+        with torch.inference_mode():
+            h = model.model(input_ids=x[:, :-1]).last_hidden_state  # (B, L, C)
+            labels = model.lm_head(h).argmax(-1)  # (B, L)
+        buf = io.BytesIO()
+        np.savez(
+            buf,
+            tokens=x[:, 1:].to(torch.int32).numpy(),
+            hidden=h.to(torch.float16).numpy(),
+            valid=np.ones((batch, seq_len), dtype=bool),
+            labels=labels.to(torch.int32).numpy(),
+        )
+        atomic_write(_forced(out, i), buf.getvalue())
+        if progress is not None:
+            progress(done + 1, len(todo))
+
+
+def load_shards(
+    out: Path, pattern: str = "shard-*.npz"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """All shards concatenated: tokens (N, L), hidden (N, L, C), valid (N, L), labels
+    (N, L) (the tokens themselves for greedy shards)."""
+    files = sorted(out.glob(pattern))
     if not files:
         raise DraftwiseError(f"no distillation shards in {out}")
     parts = [np.load(f) for f in files]
-    return tuple(np.concatenate([p[k] for p in parts]) for k in ("tokens", "hidden", "valid"))  # type: ignore[return-value]
+    tokens, hidden, valid = (np.concatenate([p[k] for p in parts]) for k in ("tokens", "hidden", "valid"))
+    labels = np.concatenate([p["labels"] if "labels" in p else p["tokens"] for p in parts])
+    return tokens, hidden, valid, labels

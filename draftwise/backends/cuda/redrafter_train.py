@@ -59,10 +59,12 @@ def choose_vocab(
     return np.sort(top), float(counts[top].sum() / max(counts.sum(), 1))
 
 
-def samples(valid: np.ndarray, t: int) -> np.ndarray:
-    """(S, 2) (row, position) of every sample whose root is a valid token."""
+def samples(valid: np.ndarray, t: int, root_ok: np.ndarray | None = None) -> np.ndarray:
+    """(S, 2) (row, position) of every sample whose root is a valid token (and, for
+    teacher-forced data, the target's own argmax: ``root_ok``, (N, L) bool)."""
     n, length = valid.shape
-    rows, pos = np.nonzero(valid[:, : max(length - 1, 0)])
+    ok = valid if root_ok is None else valid & root_ok
+    rows, pos = np.nonzero(ok[:, : max(length - 1, 0)])
     return np.stack([rows, pos], axis=1)
 
 
@@ -74,15 +76,19 @@ def _batch(
     col: torch.Tensor,
     idx: torch.Tensor,
     t: int,
+    target: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Inputs (B, T), hidden (B, C) and labels (B, T) (draft-vocabulary columns)."""
+    """Inputs (B, T), hidden (B, C) and labels (B, T) (draft-vocabulary columns); the
+    labels are ``target`` (N, L) (the target's argmax on teacher-forced data) where given,
+    else the next tokens."""
     rows, pos = idx[:, 0], idx[:, 1]  # (B,), (B,)
     length = tokens.shape[1]
     offs = torch.arange(t + 1)  # (T+1,)
     at = (pos[:, None] + offs[None]).clamp(max=length - 1)  # (B, T+1)
     seq = tokens[rows[:, None], at]  # (B, T+1)
     ok = valid[rows[:, None], at] & (pos[:, None] + offs[None] < length)  # (B, T+1)
-    labels = col[seq[:, 1:]]  # (B, T)
+    want = seq if target is None else target[rows[:, None], at]  # (B, T+1)
+    labels = col[want[:, 1:]]  # (B, T)
     labels = torch.where(ok[:, 1:], labels, torch.full_like(labels, IGNORE))
     return seq[:, :t], hidden[rows, pos].float(), labels
 
@@ -104,15 +110,19 @@ def train(
     out: Path,
     s: TrainSettings,
     progress: Callable[[int, int, float], None] | None = None,
+    labels: np.ndarray | None = None,
 ) -> list[float]:
     """Train ``net`` in place (resuming from ``out`` when a state is there); returns the
-    loss of every step run."""
+    loss of every step run. ``labels`` (N, L): the target's argmax on teacher-forced
+    rows (``redrafter_data.write_forced_shards``); None for greedy continuations."""
     tk = torch.from_numpy(tokens.astype(np.int64))  # (N, L)
     hd = torch.from_numpy(hidden)  # (N, L, C) float16
     vd = torch.from_numpy(valid)  # (N, L)
+    lb = None if labels is None else torch.from_numpy(labels.astype(np.int64))  # (N, L)
     col = torch.full((net.cfg.vocab_size,), IGNORE, dtype=torch.long)  # (V,)
     col[net.vocab_ids] = torch.arange(net.cfg.draft_vocab)
-    idx = torch.from_numpy(samples(valid, s.t))  # (S, 2)
+    root_ok = None if labels is None else tokens == labels
+    idx = torch.from_numpy(samples(valid, s.t, root_ok))  # (S, 2)
     per_epoch = max(1, idx.shape[0] // s.batch)
     total = max(1, int(per_epoch * s.epochs))
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=s.lr)
@@ -133,8 +143,8 @@ def train(
         epoch, i = divmod(step, per_epoch)
         perm = torch.randperm(idx.shape[0], generator=torch.Generator().manual_seed(s.seed + epoch))
         sel = idx[perm[i * s.batch : (i + 1) * s.batch]]
-        inputs, h, labels = _batch(net, tk, hd, vd, col, sel, s.t)
-        loss = loss_of(net, inputs, h, labels)
+        inputs, h, want = _batch(net, tk, hd, vd, col, sel, s.t, lb)
+        loss = loss_of(net, inputs, h, want)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -174,18 +184,21 @@ def chain_acceptance(
     valid: np.ndarray,
     t: int,
     n: int = 4096,
+    labels: np.ndarray | None = None,
 ) -> np.ndarray:
     """(T,) share of samples whose first k greedy (teacher-forced) guesses are all right,
-    k = 1..T; ``1 + sum`` estimates the tokens per step of a bw=1 chain of length T."""
+    k = 1..T; ``1 + sum`` estimates the tokens per step of a bw=1 chain of length T.
+    ``labels``: the target's argmax on teacher-forced rows (as in ``train``)."""
     tk, hd, vd = (
         torch.from_numpy(tokens.astype(np.int64)),
         torch.from_numpy(hidden),
         torch.from_numpy(valid),
     )
+    lb = None if labels is None else torch.from_numpy(labels.astype(np.int64))
     col = torch.full((net.cfg.vocab_size,), IGNORE, dtype=torch.long)
     col[net.vocab_ids] = torch.arange(net.cfg.draft_vocab)
-    idx = torch.from_numpy(samples(valid, t))
+    idx = torch.from_numpy(samples(valid, t, None if labels is None else tokens == labels))
     idx = idx[torch.randperm(idx.shape[0], generator=torch.Generator().manual_seed(1))[:n]]
-    inputs, h, labels = _batch(net, tk, hd, vd, col, idx, t)
-    right = net.unroll(h, inputs).argmax(-1) == labels  # (B, T)
+    inputs, h, want = _batch(net, tk, hd, vd, col, idx, t, lb)
+    right = net.unroll(h, inputs).argmax(-1) == want  # (B, T)
     return right.cumprod(dim=1).float().mean(0).numpy()

@@ -67,17 +67,26 @@ class RecurrentNet(Protocol):
 class ReDrafter:
     """Beam search over a ``RecurrentNet``; see the module docstring."""
 
+    states_probabilities = True  # its trees carry ``prob`` (``auto`` calibrates them)
+
     def __init__(self, net: RecurrentNet, bw: int = 2, t: int = 4) -> None:
         if bw < 1 or t < 1:
             raise DraftwiseError(f"redrafter needs bw >= 1 and t >= 1, got bw={bw}, t={t}")
         self.net, self.bw, self.t = net, bw, t
         self.name = "redrafter"
         self.last: BeamTree | None = None  # the last proposal, with its draft probabilities
-        self.packed = 0  # totals over proposals: tree nodes vs beam tokens (Figure 6 left)
+        # totals over the drafter's life (not cleared by ``reset``): proposals, tree nodes
+        # vs beam tokens (seed 001 Figure 6 left)
+        self.proposals = 0
+        self.packed = 0
         self.unpacked = 0
 
     def reset(self) -> None:
-        self.last, self.packed, self.unpacked = None, 0, 0
+        self.last = None
+
+    def stats(self) -> dict[str, int]:
+        """Totals over every proposal: ``packed`` tree nodes for ``unpacked`` beam tokens."""
+        return {"proposals": self.proposals, "packed": self.packed, "unpacked": self.unpacked}
 
     def begin(self, prompt: np.ndarray) -> None:
         pass
@@ -96,6 +105,7 @@ class ReDrafter:
         beams = type(beams)(ids[beams.tokens], beams.logp, beams.score)
         out = dedup_beams(beams, budget)
         self.last = out
+        self.proposals += 1
         self.packed += out.packed
         self.unpacked += out.unpacked
         return out.tree

@@ -21,6 +21,7 @@ from draftwise.backends.cuda.redrafter_train import (  # noqa: E402
     TrainSettings,
     chain_acceptance,
     choose_vocab,
+    samples,
     train,
 )
 from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig  # noqa: E402
@@ -101,3 +102,44 @@ def test_training_reduces_loss_and_resumes(tmp_path):
         net, tokens, hidden, valid, tmp_path, TrainSettings(t=3, epochs=6, lr=1e-2, batch=64)
     )
     assert len(more) == len(losses) // 5
+
+
+def test_forced_labels_are_what_it_learns_and_roots_are_the_targets(tmp_path):
+    """Teacher-forced rows: the network learns ``labels`` (the target's argmax), not the
+    corpus tokens, and only positions whose token is the target's own are roots."""
+    tokens, hidden, valid = _synthetic(64, 12)
+    labels = (tokens - 3 + 7) % K + 3  # a different function of the same inputs
+    labels[:, ::3] = tokens[:, ::3]  # every third position agrees with the corpus
+    idx = samples(valid, 3, tokens == labels)
+    assert set(idx[:, 1].tolist()) == {0, 3, 6, 9}
+    net, _ = _net()
+    s = TrainSettings(t=3, epochs=30, lr=1e-2, batch=64, ckpt_every=1000)
+    train(net, tokens, hidden, valid, tmp_path, s, labels=labels)
+    right_labels = chain_acceptance(net, tokens, hidden, valid, 1, labels=labels)
+    right_tokens = chain_acceptance(net, tokens, hidden, valid, 1)
+    assert right_labels[0] > 0.8 > 0.2 > right_tokens[0]
+
+
+def test_forced_shards_layout(tmp_path, default_model_dir):
+    """``hidden[b, j]`` predicts ``labels[b, j]`` (the argmax of the target's own head)
+    and ``tokens[b, j]`` is the corpus token after the one it read."""
+    from safetensors import safe_open
+
+    from draftwise.backends.cuda.redrafter_data import load_shards, write_forced_shards
+
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"prompt": f"Name {i} colours.", "response": "Red, green and blue."} for i in range(6)]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "forced"
+    write_forced_shards(default_model_dir, prompts, out, 2, skip=1, batch=2, seq_len=16)
+    tokens, hidden, valid, labels = load_shards(out, "forced-*.npz")
+    assert tokens.shape == (4, 16) and hidden.shape[:2] == (4, 16) and valid.all()
+    with safe_open(str(default_model_dir / "model.safetensors"), "pt") as f:
+        embed = f.get_tensor("model.embed_tokens.weight").float()
+    logits = (torch.from_numpy(hidden.astype(np.float32)) @ embed.T).numpy()  # tied head
+    # the label is the argmax up to the bfloat16 rounding of the target's own head
+    got = np.take_along_axis(logits, labels[..., None].astype(np.int64), -1)[..., 0]
+    assert (got >= logits.max(-1) - 0.25).all()
+    assert (logits.argmax(-1) == labels).mean() > 0.8
+    with pytest.raises(DraftwiseError, match="forced shards need"):
+        write_forced_shards(default_model_dir, prompts, tmp_path / "f2", 50, skip=1, batch=2)
