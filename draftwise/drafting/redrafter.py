@@ -100,6 +100,11 @@ class TrainRecipe:
     forced_batches: int = 170  # teacher-forced shards (8 rows of 512 tokens each)
     forced_skip: int = 1024  # corpus rows (shuffled) before the teacher-forced ones
     draft_vocab: int = 4096  # K most frequent output ids the head can draft
+    resblocks: int = 1
+    t: int = 5  # predicted positions per training sample
+    epochs: float = 2.0
+    lr: float = 1e-3
+    train_batch: int = 256
 def train_redrafter(
     model_dir: Path, out: Path, prompts: Path, recipe: TrainRecipe, quiet: bool = False
 ) -> dict[str, Any]:

@@ -1,0 +1,46 @@
+"""``draftwise train-drafter`` end to end on the real default model, tiny sizes: greedy
+shards held out, teacher-forced shards trained on, a checkpoint the ``redrafter``
+drafter loads; a second run resumes instead of redoing the work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from draftwise.apps.train_drafter import main, setup_arg_parser  # noqa: E402
+from draftwise.errors import DraftwiseError  # noqa: E402
+
+TINY = [
+    "--batches", "1", "--batch", "2", "--gen-len", "4", "--max-prompt", "16",
+    "--forced-batches", "1", "--forced-skip", "2", "--draft-vocab", "64",
+    "--epochs", "0.1", "--train-batch", "64", "--quiet",
+]
+
+
+def test_train_drafter_tiny_end_to_end(tmp_path, default_model_dir, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [
+        {"prompt": f"Write a sentence about the number {i}.", "response": f"The number {i} "
+         "is a whole number, and it comes after the one before it. " * 8}
+        for i in range(40)
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "ck"
+    argv = ["--model", str(default_model_dir), "--out", str(out), "--corpus", str(prompts)]
+    assert main(setup_arg_parser().parse_args(argv + TINY)) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["train_tokens"] == 8 * 512 and summary["heldout_greedy_tokens"] > 0
+    assert summary["draft_vocab"] == 64 and len(summary["heldout_chain_acceptance"]) == 5
+    assert (out / "config.json").is_file() and len(list((out / "forced").glob("*.npz"))) == 1
+    before = (out / "forced" / "forced-00000.npz").stat().st_mtime_ns
+    assert main(setup_arg_parser().parse_args(argv + TINY)) == 0  # resumes: data kept
+    assert (out / "forced" / "forced-00000.npz").stat().st_mtime_ns == before
+    # the held-out prompts would leak into training: refused before any work
+    bad = TINY[:]
+    bad[bad.index("--forced-skip") + 1] = "1"
+    with pytest.raises(DraftwiseError, match="--forced-skip 1 would train on the held-out"):
+        main(setup_arg_parser().parse_args(argv + bad))
