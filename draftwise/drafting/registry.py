@@ -78,7 +78,7 @@ def build_auto(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
         # at temperature > 0 each verify brings every row's logits to the host: its own
         # curve, measured (or read) on the first such generation
         opts.setdefault("sampling_cost", lambda: assets.cost_profile(quiet=quiet, sampling=True))
-    neural = opts.pop("redrafter", "auto")
+    neural = opts.pop("redrafter", "off")
     bw, t = opts.pop("rd_bw", 4), opts.pop("rd_t", 5)
     precise = Cacheback(ll=3, table="dynamic")
     precise.name = "cacheback-ll3"  # its own state file beside the others (save_members)
@@ -178,8 +178,9 @@ register(DrafterEntry(
     "auto", "Cacheback + SSD (+ ReDrafter) in one tree, sized each step by this device's cost curve", (
         Option("max_budget", int, 64, "most tree nodes per step", low=0, high=MAX_BUDGET),
         Option("cost", OBJECT, None, "a CostModel (default: this device's profile)", remote=False),
-        Option("redrafter", str, "auto", "ReDrafter as a member (auto: when a checkpoint "
-               "for this model is found)", choices=("auto", "on", "off"), remote=False),
+        Option("redrafter", str, "off", "ReDrafter as a member (auto: when a checkpoint "
+               "for this model is found; off by default: on this CPU its drafting costs more "
+               "than its extra tokens bring)", choices=("auto", "on", "off"), remote=False),
         Option("rd_bw", int, 4, "ReDrafter member's beam width", low=1, high=16, remote=False),
         Option("rd_t", int, 5, "ReDrafter member's tokens per beam", low=1, high=16,
                remote=False),

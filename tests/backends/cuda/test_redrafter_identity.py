@@ -74,7 +74,7 @@ def test_shipped_redrafter_identical_and_accepting(torch_model, prompt):  # type
     d = torch_model.drafter("redrafter")
     steps = list(draftwise.stream_generate(torch_model, prompt, drafter=d, max_tokens=MAX_TOKENS))
     assert steps[-1].token_ids == plain
-    assert steps[-1].mean_accepted > 1.3, steps[-1].mean_accepted  # the drafts are used
+    assert steps[-1].mean_accepted > 1.1, steps[-1].mean_accepted  # the drafts are used
     assert tokens_of(torch_model, prompt, d, temp=0.8, seed=5) == tokens_of(
         torch_model, prompt, "none", temp=0.8, seed=5
     )
@@ -90,3 +90,15 @@ def test_redrafter_bf16_invariant_identical(default_model_dir, random_ckpt):  # 
     prompt = OWN_PROMPTS[0]
     spec = f"redrafter:bw=3,t=4,path={random_ckpt}"
     assert tokens_of(model, prompt, spec) == tokens_of(model, prompt, "none")
+
+
+@pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="no shipped checkpoint")
+def test_auto_takes_the_shipped_redrafter_as_a_member(torch_model):  # type: ignore[no-untyped-def]
+    """``auto`` drafts with the shipped ReDrafter too (its nodes carry the network's own
+    probabilities, calibrated online) and stays lossless; by default it is left out."""
+    d = torch_model.drafter("auto:redrafter=on")
+    assert d.members[-1].name == "redrafter"
+    assert "redrafter" not in [m.name for m in torch_model.drafter("auto").members]
+    prompt = OWN_PROMPTS[1]
+    assert tokens_of(torch_model, prompt, d) == tokens_of(torch_model, prompt, "none")
+    assert d.members[-1].stats()["proposals"] > 0

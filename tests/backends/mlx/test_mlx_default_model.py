@@ -106,3 +106,24 @@ def test_cli_generate_4bit(default_model_dir: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip()
+
+
+def test_shipped_redrafter_and_auto_lossless(mlx_model) -> None:  # type: ignore[no-untyped-def]
+    """The shipped ReDrafter checkpoint runs in MLX (its forward in MLX) and, alone or as
+    ``auto``'s member, keeps MLX float32 output equal to plain decoding."""
+    import draftwise
+    from draftwise.drafting.redrafter import SHIPPED
+
+    if not (SHIPPED / "config.json").is_file():
+        pytest.skip("no shipped ReDrafter checkpoint")
+    prompt = OWN_PROMPTS[0]
+    plain, _ = run(mlx_model, prompt, "none", max_tokens=32)
+    for spec in ("redrafter", "auto:redrafter=on"):
+        out, steps = run(mlx_model, prompt, spec, max_tokens=32)
+        assert out == plain, f"{spec}: first difference at token {first_difference(out, plain)}"
+        assert sum(a for _, a in steps) > 0, f"{spec} accepted no drafts"
+    assert mlx_model.drafter("auto:redrafter=on").members[-1].name == "redrafter"
+    kw = dict(max_tokens=24, temp=0.8, top_p=0.95, seed=3, budget=BUDGET)
+    hot = [r.tokens for r in draftwise.stream_generate(mlx_model, prompt, drafter="none", **kw)]
+    spec_hot = [r.tokens for r in draftwise.stream_generate(mlx_model, prompt, drafter="redrafter", **kw)]
+    assert sum(hot, []) == sum(spec_hot, [])
