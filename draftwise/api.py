@@ -180,19 +180,25 @@ def load(
     GGUF file (converted once into the cache). ``backend``: auto, torch, cuda or mlx."""
     model_dir = resolve_model(model)
     if dtype is None and resolve_backend_name(backend) == "torch":
-        dtype, invariant = _recorded_torch_mode(invariant)
+        dtype, invariant = _recorded_torch_mode(invariant, model_dir)
     be = make_backend(backend, model_dir, dtype, invariant)
     return Model(be, Tokenizer.from_dir(model_dir), model_dir)
 
 
-def _recorded_torch_mode(invariant: bool | str) -> tuple[str | None, bool | str]:
+def _recorded_torch_mode(
+    invariant: bool | str, model_dir: Path
+) -> tuple[str | None, bool | str]:
     """The mode ``draftwise tune --modes`` recorded for this device, if any: (dtype,
-    invariant); else (None, ``invariant``) and the backend's built-in rule applies."""
-    from draftwise.backends.cuda.modes import mode_key
+    invariant); else (None, ``invariant``) and the backend's built-in rule applies. A
+    recorded ``4bit`` applies only to models it computes exactly (a Q4 GGUF's)."""
+    from draftwise.backends.cuda.backend import _pick_device
+    from draftwise.backends.cuda.modes import exact_4bit, mode_key
     from draftwise.drafting.assets import recorded_mode
 
     entry = recorded_mode(mode_key())
     if entry is None:
+        return None, invariant
+    if entry.get("dtype") == "4bit" and not exact_4bit(model_dir, _pick_device("auto")):
         return None, invariant
     inv = invariant if invariant != "auto" else bool(entry.get("invariant", "auto"))
     return str(entry["dtype"]), inv
@@ -209,12 +215,13 @@ def measure_modes(
 
         ms, pick, path = measure_modes(reps=5)   # e.g. pick == "bfloat16-invariant"
     """
-    from draftwise.backends.cuda.modes import LOSSLESS_MODES, mode_key, mode_name, pick_mode
+    from draftwise.backends.cuda.backend import _pick_device
+    from draftwise.backends.cuda.modes import lossless_modes, mode_key, mode_name, pick_mode
     from draftwise.drafting.assets import record_mode
 
     table: dict[str, dict[int, float]] = {}
     modes: dict[str, tuple[str, bool]] = {}
-    for dtype, inv in LOSSLESS_MODES:
+    for dtype, inv in lossless_modes(resolve_model(model), _pick_device("auto")):
         m = load(model, backend="torch", dtype=dtype, invariant=inv)
         cost = m.assets.measure_cost_profile(reps=reps)
         name = mode_name(dtype, inv)

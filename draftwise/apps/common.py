@@ -19,12 +19,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="local HF-format model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="compute backend (default: auto)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "4bit", "8bit"],
-                   help="weights/compute dtype (default: the device's fastest lossless mode: torch takes bfloat16 "
-                   "with --invariant on a CPU with bf16 instructions, else float32; mlx its own; "
-                   "see draftwise tune --modes)")
+                   help="weights/compute dtype (default: the device's fastest lossless mode: torch on a CPU "
+                   "with bf16 instructions takes 4bit for a model from a Q4 GGUF (the file's own 4-bit "
+                   "weights, as the embedded model) and bfloat16 otherwise, both with --invariant; "
+                   "float32 elsewhere; mlx its own; see draftwise tune --modes)")
     p.add_argument("--invariant", default="auto", action=argparse.BooleanOptionalAction,
                    help="batch-invariant verification: speculative output bit-equal to plain "
-                        "decoding in low precision (default: on for torch bf16 on CPU)")
+                        "decoding in low precision (default: on for torch bf16 and 4bit on CPU)")
 
 
 def add_drafter_args(

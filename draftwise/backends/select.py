@@ -58,7 +58,7 @@ def make_backend(
         from draftwise.backends.cuda.modes import default_dtype
 
         # no dtype named: the device's fastest lossless mode (see backends/cuda/modes.py)
-        dtype = dtype or default_dtype(_pick_device("auto"))
+        dtype = dtype or default_dtype(_pick_device("auto"), model_dir)
         return TorchBackend.from_pretrained(model_dir, dtype=dtype, invariant=invariant)
     if not _installed("mlx"):
         raise DraftwiseError("backend 'mlx' needs mlx: pip install 'draftwise[mlx]'")

@@ -106,12 +106,22 @@ def convert_gguf(
             report(f"draftwise: converting {source.name} to {target} (one time, ~20 s)...")
             start = time.perf_counter()
             _write_hf_dir(source, tmp)
+            record_source(tmp, source)
             _publish(tmp, target)
             report(f"draftwise: converted in {time.perf_counter() - start:.1f} s")
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def record_source(model_dir: Path, gguf_path: Path) -> None:
+    """Write ``source.json`` (atomically): the GGUF ``model_dir`` was converted from, where
+    the torch backend's ``4bit`` mode reads the file's own 4-bit codes
+    (``backends/gguf_q4.py``)."""
+    tmp = model_dir / ".source.json.tmp"
+    tmp.write_text(json.dumps({"gguf": str(Path(gguf_path).resolve())}))
+    os.replace(tmp, model_dir / "source.json")
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ import importlib.util
 from pathlib import Path
 
 from draftwise.errors import DraftwiseError
-from draftwise.models.convert import Progress, convert_gguf
+from draftwise.models.convert import Progress, convert_gguf, record_source
 from draftwise.models.paths import models_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -67,5 +67,10 @@ def ensure_default_model(progress: Progress | None = None) -> Path:
     """
     target = models_dir() / DEFAULT_MODEL_NAME
     if target.is_dir():  # fast path: no package lookup, no torch
+        if not (target / "source.json").is_file():  # a cache converted before it was kept
+            try:
+                record_source(target, default_gguf_path())
+            except (DraftwiseError, OSError):
+                pass  # read-only cache or no package: the 4bit mode then rounds instead
         return target
     return convert_gguf(default_gguf_path(), progress, name=DEFAULT_MODEL_NAME)

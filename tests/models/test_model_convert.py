@@ -110,6 +110,10 @@ def test_concurrent_conversions_run_once(tmp_path: Path, monkeypatch: pytest.Mon
     assert len(calls) == 1
     assert len(set(results)) == 1 and (results[0] / "config.json").is_file()
     assert [p.name for p in results[0].parent.iterdir() if ".tmp-" in p.name] == []
+    # the converted directory names its GGUF: the 4bit mode reads the codes from it
+    from draftwise.backends.gguf_q4 import gguf_source
+
+    assert gguf_source(results[0]) == gguf.resolve()
 
 
 def test_failed_conversion_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,3 +139,19 @@ def test_changed_gguf_gets_new_name(tmp_path: Path) -> None:
     first = convert_mod.gguf_cache_name(gguf)
     gguf.write_bytes(b"GGUF-v2")
     assert convert_mod.gguf_cache_name(gguf) != first
+
+
+def test_default_cache_from_before_gets_its_source_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A default-model cache converted before ``source.json`` existed gets it on the next
+    load, so the 4bit mode finds the GGUF's codes; nothing is converted again."""
+    from draftwise.backends.gguf_q4 import gguf_source
+    from draftwise.models.default import DEFAULT_MODEL_NAME
+
+    monkeypatch.setenv("DRAFTWISE_CACHE_DIR", str(tmp_path / "cache"))
+    old = tmp_path / "cache" / "models" / DEFAULT_MODEL_NAME
+    old.mkdir(parents=True)
+    (old / "config.json").write_text("{}")
+    assert gguf_source(old) is None
+    assert ensure_default_model() == old
+    assert gguf_source(old) == default_gguf_path().resolve()
+    assert sorted(p.name for p in old.iterdir()) == ["config.json", "source.json"]

@@ -23,6 +23,7 @@ import torch
 
 from draftwise.backends.cuda.batch import BatchMixin
 from draftwise.backends.cuda.device_sampling import HostStaging, sample_rows
+from draftwise.backends.cuda.int4 import int4_available
 from draftwise.backends.cuda.invariant import MAX_ROWS, make_plan, min_rows
 from draftwise.backends.cuda.llama import Llama, causal_mask, read_llama_config, read_weights
 from draftwise.core.backend import Verified
@@ -31,13 +32,17 @@ from draftwise.core.device import DeviceInfo, cpu_name
 from draftwise.core.sampling import SamplingParams
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
+from draftwise.backends.gguf_q4 import Q4, gguf_source, read_q4_linears
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# "4bit": 4-bit linear weights (a Q4 GGUF's own codes, else round-to-nearest) with
+# bfloat16 activations, on CPU (``int4.py``)
+TORCH_DTYPES = (*DTYPES, "4bit")
 PREFILL_CHUNK = 256  # rows per prefill forward: bounds the (T, S) mask and activations
 DEFAULT_MAX_CACHE = 8192  # slots preallocated when max_cache_len is not given
 # Where "auto" turns the batch-invariant mode on: measured cheap (a 16-row bf16 forward
 # costs about a 1-row one) and needed (bf16 argmax ties flip with the batch shape).
-INVARIANT_AUTO = {("cpu", "bfloat16")}
+INVARIANT_AUTO = {("cpu", "bfloat16"), ("cpu", "4bit")}
 
 
 def resolve_invariant(invariant: bool | str, device: torch.device, dtype: str) -> bool:
@@ -47,6 +52,18 @@ def resolve_invariant(invariant: bool | str, device: torch.device, dtype: str) -
     if not isinstance(invariant, bool):
         raise DraftwiseError(f"invariant must be True, False or 'auto', got {invariant!r}")
     return invariant
+
+
+def four_bit_codes(model_dir: Path, device: torch.device) -> dict[str, Q4]:
+    """The ``4bit`` mode's codes for ``model_dir``: those of the Q4 GGUF it was converted
+    from when known (exact), else none (every linear rounded to nearest at load)."""
+    if device.type != "cpu" or not int4_available():
+        raise DraftwiseError(
+            f"dtype '4bit' runs on CPU with torch >= 2.5 (device {device.type}, torch "
+            f"{torch.__version__}); use bfloat16 or float32"
+        )
+    src = gguf_source(model_dir)
+    return read_q4_linears(src) if src is not None else {}
 
 
 def _pick_device(device: str) -> torch.device:
@@ -68,7 +85,7 @@ class TorchBackend(CacheBook, BatchMixin):
         # become two schedules of one bit-exact computation, in any dtype.
         self.invariant = invariant
         self.device = model.device
-        self.dtype = str(model.dtype).removeprefix("torch.")
+        self.dtype = "4bit" if model.int4 else str(model.dtype).removeprefix("torch.")
         # The mode is part of the name: tune profiles and bench reports keep them apart.
         self.name = f"torch-{self.device.type}-{self.dtype}" + ("-invariant" if invariant else "")
         CacheBook.__init__(self, max_cache_len, model.cfg.vocab_size)
@@ -106,17 +123,22 @@ class TorchBackend(CacheBook, BatchMixin):
     ) -> TorchBackend:
         """``invariant``: batch-invariant verification (True/False; "auto" = on for bf16
         on CPU). Example: ``TorchBackend.from_pretrained(d, dtype="bfloat16")``."""
-        if dtype not in DTYPES:
-            raise DraftwiseError(f"unknown dtype {dtype!r} (use {', '.join(DTYPES)})")
+        if dtype not in TORCH_DTYPES:
+            raise DraftwiseError(f"unknown dtype {dtype!r} (use {', '.join(TORCH_DTYPES)})")
         if max_cache_len is not None and max_cache_len < 1:
             raise DraftwiseError(f"max_cache_len must be positive, got {max_cache_len}")
         dev = _pick_device(device)
+        q4 = None
+        if dtype == "4bit":
+            q4 = four_bit_codes(Path(model_dir), dev)
         inv = resolve_invariant(invariant, dev, dtype)
         cfg = read_llama_config(model_dir)
         cap = max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE
         limit = min(cfg.max_positions, cap)
         cache_dtype = torch.float32 if inv else None  # see Llama: read as it lies
-        model = Llama(cfg, read_weights(Path(model_dir)), DTYPES[dtype], dev, limit, cache_dtype)
+        compute = torch.bfloat16 if q4 is not None else DTYPES[dtype]
+        weights = read_weights(Path(model_dir))
+        model = Llama(cfg, weights, compute, dev, limit, cache_dtype, q4)
         return cls(model, limit, inv)
 
     # ----- the target's hidden state, for drafters conditioned on it ---------------------

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from draftwise.backends.cuda.int4 import linear
 from draftwise.backends.cuda.llama import Llama, rms_norm
 from draftwise.core.batch import check_drafts
 from draftwise.errors import DraftwiseError
@@ -35,10 +36,10 @@ from draftwise.errors import DraftwiseError
 def _mlp_block(model: Llama, li: int, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     """Residual + o_proj, then the MLP of layer ``li``; x, o: (R, C), (R, H D)."""
     layer = model.layers[li]
-    x = x + F.linear(o, layer.wo)  # (R, C)
+    x = x + linear(o, layer.wo)  # (R, C)
     hn = rms_norm(x, layer.mlp_norm, model.cfg.norm_eps)
-    gate, up = F.linear(hn, layer.w13).chunk(2, dim=-1)  # 2 x (R, F)
-    return x + F.linear(F.silu(gate) * up, layer.w2)  # (R, C)
+    gate, up = linear(hn, layer.w13).chunk(2, dim=-1)  # 2 x (R, F)
+    return x + linear(F.silu(gate) * up, layer.w2)  # (R, C)
 
 
 def single_token_logits(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
@@ -49,7 +50,7 @@ def single_token_logits(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
     x = model.embed[tokens]  # (B, C)
     for li, layer in enumerate(model.layers):
         hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)
-        qkv = F.linear(hn, layer.wqkv, layer.bqkv)  # (B, (H + 2 H_kv) D)
+        qkv = linear(hn, layer.wqkv, layer.bqkv)  # (B, (H + 2 H_kv) D)
         v = qkv[:, (h + hkv) * d :].view(b, hkv, 1, d)  # (B, H_kv, 1, D)
         o = v.expand(b, hkv, model.n_rep, d).reshape(b, h * d)  # q head j reads kv j // rep
         x = _mlp_block(model, li, x, o)
@@ -106,7 +107,7 @@ class BatchMixin:
             x = model.embed[tok]  # (k t, C)
             for li, layer in enumerate(model.layers):
                 hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)
-                qkv = F.linear(hn, layer.wqkv, layer.bqkv)  # (k t, (H + 2 H_kv) D)
+                qkv = linear(hn, layer.wqkv, layer.bqkv)  # (k t, (H + 2 H_kv) D)
                 qk = qkv[:, : (h + hkv) * dd].view(k, t, h + hkv, dd)
                 qk = model._rope(qk, cos, sin)  # (k, t, H + H_kv, D)
                 q = qk[:, :, :h].view(k, t, hkv, rep, dd).permute(2, 0, 3, 1, 4)  # (H_kv, k, rep, t, D)

@@ -53,7 +53,10 @@ MAX_ROWS = 32  # rows per forward: the bf16 lm_head GEMM is row-invariant only u
 # have M = (query heads per kv head) x rows, 3 x 1 for SmolLM2's plain step, so the query
 # heads are padded with zero heads to at least this many.
 MIN_GEMM_ROWS = 4
-_MIN_ROWS = {"float32": 16, "bfloat16": 2}  # pad to this many rows (see the module doc)
+# pad to this many rows (see the module doc). 4bit: the int4 kernel and the bf16 lm_head
+# (49152 x 576) measured row-invariant from M = 1 on the AMD EPYC (tests/backends/cuda/
+# test_int4.py, test_invariant.py); padding to 2 cost 0.7 ms of a 12 ms step
+_MIN_ROWS = {"float32": 16, "bfloat16": 2, "4bit": 1}
 # A forward whose rows together see at most this many keys gathers every row's whole key
 # list (one index_select, no shared GEMM). The blocks, and the arithmetic per block, are
 # the same as with a shared part, so the choice never changes a row's bits (tested). On

@@ -26,11 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from draftwise.backends.cuda.int4 import Int4Weight, Weight, fuse_q4, linear, quantize_rtn
 from draftwise.backends.cuda.invariant import Plan, block_attention
 from draftwise.errors import DraftwiseError
+from draftwise.backends.gguf_q4 import Q4, dequantize
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
@@ -103,15 +106,16 @@ class LlamaConfig:
 
 @dataclass
 class Layer:
-    """One decoder block's weights, with q/k/v and gate/up fused so each is one matmul."""
+    """One decoder block's weights, with q/k/v and gate/up fused so each is one matmul.
+    A linear weight is dense or 4-bit (``int4.Int4Weight``, the ``4bit`` mode)."""
 
     attn_norm: torch.Tensor  # (C,)
-    wqkv: torch.Tensor  # ((H + 2 H_kv) D, C)
+    wqkv: Weight  # ((H + 2 H_kv) D, C)
     bqkv: torch.Tensor | None  # ((H + 2 H_kv) D,)
-    wo: torch.Tensor  # (C, H D)
+    wo: Weight  # (C, H D)
     mlp_norm: torch.Tensor  # (C,)
-    w13: torch.Tensor  # (2 F, C): gate rows, then up rows
-    w2: torch.Tensor  # (C, F)
+    w13: Weight  # (2 F, C): gate rows, then up rows
+    w2: Weight  # (C, F)
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
@@ -160,6 +164,21 @@ def causal_mask(t: int, start: int, device: torch.device) -> torch.Tensor:
     return cols[None, :] <= rows[:, None]
 
 
+def _check_codes(name: str, q4: Q4, dense: torch.Tensor) -> None:
+    """The first rows of ``q4`` must dequantise to the checkpoint's weight ``dense``: the
+    GGUF read is the one this checkpoint was converted from, rows in the same order."""
+    rows = min(8, dense.shape[0])
+    head = (q4[0][:rows], q4[1][:rows], q4[2][:rows])
+    want = dense[:rows].float().numpy()
+    if q4[0].shape != tuple(dense.shape) or not np.allclose(
+        dequantize(head), want, rtol=1e-5, atol=1e-7 * float(np.abs(want).max() + 1)
+    ):
+        raise DraftwiseError(
+            f"the GGUF's 4-bit codes for {name!r} do not match the converted weights "
+            f"(shape {q4[0].shape} vs {tuple(dense.shape)}): reconvert the model"
+        )
+
+
 def read_llama_config(model_dir: str | Path) -> LlamaConfig:
     path = Path(model_dir) / "config.json"
     if not path.exists():
@@ -195,8 +214,14 @@ class Llama:
         device: torch.device,
         max_cache_len: int,
         cache_dtype: torch.dtype | None = None,
+        q4: dict[str, Q4] | None = None,
     ) -> None:
+        """``q4``: 4-bit linear layers (the ``4bit`` mode, CPU, bfloat16 activations): the
+        codes given for a weight (a Q4 GGUF's own), round-to-nearest ones for the rest."""
         self.cfg, self.dtype, self.device = cfg, dtype, device
+        self.int4 = q4 is not None
+        if self.int4 and (dtype != torch.bfloat16 or device.type != "cpu"):
+            raise DraftwiseError("4-bit weights run on CPU with bfloat16 activations only")
         # The batch-invariant mode keeps K/V in float32 (values the compute dtype can
         # represent, so nothing changes numerically): its float32 attention then reads
         # the cache as it lies instead of converting the whole prefix every layer.
@@ -211,6 +236,23 @@ class Llama:
         def fuse(*names: str) -> torch.Tensor:
             return torch.cat([take(n) for n in names], dim=0).contiguous()
 
+        def lin(*names: str) -> Weight:
+            """A linear weight (several fused along the output rows)."""
+            if q4 is None:
+                return fuse(*names)
+            parts = []
+            for n in names:
+                if n not in weights:
+                    raise DraftwiseError(f"weight {n!r} missing from the checkpoint")
+                dense = weights.pop(n)  # (N, K) float
+                codes = q4.get(n)
+                if codes is None:
+                    codes = quantize_rtn(dense)
+                else:
+                    _check_codes(n, codes, dense)
+                parts.append(codes)
+            return Int4Weight.from_codes(*fuse_q4(parts))
+
         with torch.inference_mode():
             self.embed = take("model.embed_tokens.weight")  # (V, C)
             self.layers: list[Layer] = []
@@ -223,12 +265,12 @@ class Llama:
                 self.layers.append(
                     Layer(
                         attn_norm=take(p + "input_layernorm.weight"),
-                        wqkv=fuse(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
+                        wqkv=lin(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
                         bqkv=bias,
-                        wo=take(a + "o_proj.weight"),
+                        wo=lin(a + "o_proj.weight"),
                         mlp_norm=take(p + "post_attention_layernorm.weight"),
-                        w13=fuse(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                        w2=take(p + "mlp.down_proj.weight"),
+                        w13=lin(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                        w2=lin(p + "mlp.down_proj.weight"),
                     )
                 )
             self.norm = take("model.norm.weight")  # (C,)
@@ -263,9 +305,11 @@ class Llama:
         device: torch.device,
         max_cache_len: int,
         cache_dtype: torch.dtype | None = None,
+        q4: dict[str, Q4] | None = None,
     ) -> Llama:
         cfg = read_llama_config(model_dir)
-        return cls(cfg, read_weights(Path(model_dir)), dtype, device, max_cache_len, cache_dtype)
+        weights = read_weights(Path(model_dir))
+        return cls(cfg, weights, dtype, device, max_cache_len, cache_dtype, q4)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: (T, H, D); cos/sin: (T, 1, D). rotate_half convention, as in transformers.
@@ -306,7 +350,7 @@ class Llama:
         x = self.embed[tokens]  # (T, C)
         for li, layer in enumerate(self.layers):
             hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)  # (T, C)
-            qkv = F.linear(hn, layer.wqkv, layer.bqkv)  # (T, (H + 2 H_kv) D)
+            qkv = linear(hn, layer.wqkv, layer.bqkv)  # (T, (H + 2 H_kv) D)
             qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # (T, H + H_kv, D)
             qk = self._rope(qk, cos, sin)  # (T, H + H_kv, D): one RoPE for q and k
             q = qk[:, :h].transpose(0, 1)  # (H, T, D)
@@ -327,10 +371,10 @@ class Llama:
                 # (1, H_kv, rep T, D)
                 o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
                 o = o.view(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, H D)
-            x = x + F.linear(o, layer.wo)  # (T, C)
+            x = x + linear(o, layer.wo)  # (T, C)
             hn = rms_norm(x, layer.mlp_norm, cfg.norm_eps)  # (T, C)
-            gate, up = F.linear(hn, layer.w13).chunk(2, dim=-1)  # 2 x (T, F)
-            x = x + F.linear(F.silu(gate) * up, layer.w2)  # (T, C)
+            gate, up = linear(hn, layer.w13).chunk(2, dim=-1)  # 2 x (T, F)
+            x = x + linear(F.silu(gate) * up, layer.w2)  # (T, C)
         # Kept on the device (a reference, no copy): a drafter conditioned on the target's
         # last hidden state (ReDrafter) reads a row of it after ``commit``.
         self.last_x = x  # (T, C) residual stream before the final norm

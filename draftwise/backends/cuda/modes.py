@@ -1,16 +1,19 @@
 """Which lossless compute mode the torch backend takes when the user names no dtype.
 
 A mode is a dtype plus whether verification is batch-invariant. Speculative output equals
-plain decoding *in the same mode*; the lossless candidates are float32 and bfloat16 with
+plain decoding *in the same mode*; the lossless candidates are float32, bfloat16 with
 batch-invariant verification (bf16 without it flips near-tied argmaxes with the row
-count). Measured on this project's 2-core CPU (AMD EPYC, avx512_bf16, torch 2.13; ms per
-verify at context 256, ``draftwise tune --modes``; see ``bench/results/modes-cpu``):
-bfloat16-invariant costs less than float32 at every row count (1 row ~32 vs ~52 ms, 16
-rows ~54 vs ~85 ms), because a CPU with bf16 dot-product instructions streams half the
-bytes. So a CPU that has them (``avx512_bf16``, ``amx_bf16``) defaults to bfloat16
-(invariant); any other CPU, and CUDA, to float32. ``draftwise tune --modes`` measures the
-candidates on the machine at hand and records the faster one, which then wins over this
-rule (see ``draftwise.drafting.assets.recorded_mode``).
+count) and, for a model converted from a Q4_0 / Q4_1 GGUF, ``4bit``: the file's own 4-bit
+codes through torch's int4 CPU kernel with bfloat16 activations, batch-invariant
+(``int4.py``). Measured on this project's 2-core CPU (AMD EPYC, avx512_bf16, torch 2.13;
+ms per verify at context 256, ``draftwise tune --modes``, ``bench/results/modes-cpu``):
+1 row float32 34.3, bfloat16-invariant 22.4, 4bit-invariant 12.5; 16 rows 70.7 / 42.1 /
+36.8. So a CPU with bf16 dot-product instructions (``avx512_bf16``, ``amx_bf16``) defaults
+to 4bit for a Q4 GGUF's model and to bfloat16 (invariant) for any other; other CPUs, and
+CUDA, to float32. 4bit is never a default for a model that is not a Q4 GGUF's: there it
+would round the weights, a different model. ``draftwise tune --modes`` measures the
+candidates on the machine at hand and records the fastest, which then wins over this rule
+(see ``draftwise.drafting.assets.recorded_mode``).
 
 Example::
 
@@ -21,13 +24,34 @@ Example::
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import torch
 
 # (dtype, batch-invariant verification): the modes whose speculative output is plain
 # decoding's, in the order a tie keeps.
 LOSSLESS_MODES: tuple[tuple[str, bool], ...] = (("float32", False), ("bfloat16", True))
+FOUR_BIT_MODE = ("4bit", True)
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def exact_4bit(model_dir: Path | None, device: torch.device) -> bool:
+    """Whether ``4bit`` computes with the model's own weights here: a CPU with the 4-bit
+    kernel and a model converted from a Q4 GGUF (then the codes are the file's, exactly;
+    for any other model ``4bit`` rounds the weights, a choice the user must make)."""
+    from draftwise.backends.cuda.int4 import int4_available
+    from draftwise.backends.gguf_q4 import gguf_source
+
+    if model_dir is None or device.type != "cpu" or not int4_available():
+        return False
+    return gguf_source(Path(model_dir)) is not None
+
+
+def lossless_modes(model_dir: Path | None, device: torch.device) -> tuple[tuple[str, bool], ...]:
+    """The candidate modes for this model and device: ``LOSSLESS_MODES``, and ``4bit``
+    (batch-invariant) where it is exact (``exact_4bit``)."""
+    extra = (FOUR_BIT_MODE,) if exact_4bit(model_dir, device) else ()
+    return LOSSLESS_MODES + extra
 
 
 def cpu_flags() -> frozenset[str]:
@@ -40,10 +64,11 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(found.group(1).split()) if found else frozenset()
 
 
-def default_dtype(device: torch.device) -> str:
-    """bfloat16 on a CPU with bf16 dot-product instructions, else float32."""
+def default_dtype(device: torch.device, model_dir: Path | None = None) -> str:
+    """On a CPU with bf16 dot-product instructions: ``4bit`` for a model converted from a
+    Q4 GGUF (its own weights, a quarter of the bytes), else bfloat16; elsewhere float32."""
     if device.type == "cpu" and cpu_flags() & set(BF16_CPU_FLAGS):
-        return "bfloat16"
+        return "4bit" if exact_4bit(model_dir, device) else "bfloat16"
     return "float32"
 
 

@@ -25,7 +25,7 @@ from tests.backends.cuda.test_torch_backend import V, _save_tiny  # noqa: E402
 from tests.invariance import plain_logits, tree_with_path  # noqa: E402
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "4bit"])
 # no shared block / tail crosses one / both / 5 and 11 blocks (torch's sum over >= 4
 # blocks once reordered with the row count: the specbench-242 miss at ~690 tokens)
 @pytest.mark.parametrize("ctx_len", [20, 62, 130, 300, 700])
@@ -61,16 +61,17 @@ def test_row_logits_do_not_depend_on_the_batch(tmp_path, dtype, ctx_len):
 def test_resolve_invariant():
     cpu = torch.device("cpu")
     assert resolve_invariant("auto", cpu, "bfloat16") is True
+    assert resolve_invariant("auto", cpu, "4bit") is True
     assert resolve_invariant("auto", cpu, "float32") is False
     assert resolve_invariant(True, cpu, "float32") is True
     with pytest.raises(DraftwiseError, match="invariant"):
         resolve_invariant("yes", cpu, "float32")
 
 
-@pytest.mark.parametrize("ctx_len", [90, 690])
-def test_default_model_row_invariance(default_model_dir, ctx_len):
+@pytest.mark.parametrize("dtype,ctx_len", [("bfloat16", 90), ("bfloat16", 690), ("4bit", 300)])
+def test_default_model_row_invariance(default_model_dir, dtype, ctx_len):
     be = TorchBackend.from_pretrained(
-        default_model_dir, dtype="bfloat16", device="cpu", max_cache_len=1024, invariant=True
+        default_model_dir, dtype=dtype, device="cpu", max_cache_len=1024, invariant=True
     )
     rng = np.random.default_rng(0)
     ctx = rng.integers(0, 49152, ctx_len)

@@ -56,7 +56,33 @@ def test_load_honours_a_recorded_mode(monkeypatch, default_model_dir):
     monkeypatch.setattr(assets, "recorded_mode", lambda key: None)
     monkeypatch.setattr(modes, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
     m = api.load(default_model_dir, backend="torch")
-    assert (m.backend.device_info().dtype, m.backend.device_info().mode) == ("bfloat16", "invariant")
+    # the default model comes from a Q4_1 GGUF: 4bit computes with its own weights
+    want = "4bit" if modes.exact_4bit(default_model_dir, torch.device("cpu")) else "bfloat16"
+    assert (m.backend.device_info().dtype, m.backend.device_info().mode) == (want, "invariant")
     # an explicit dtype always wins over the record and the rule
     m = api.load(default_model_dir, backend="torch", dtype="float32")
     assert m.backend.device_info().dtype == "float32"
+
+
+def test_4bit_is_the_default_only_where_it_is_exact(monkeypatch, tmp_path):
+    """A model not converted from a Q4 GGUF never gets 4bit by default (it would round
+    the weights): not from the flag rule, not from a recorded 4bit choice."""
+    import draftwise.drafting.assets as assets
+    from tests.backends.cuda.test_torch_backend import _save_tiny
+
+    cpu = torch.device("cpu")
+    model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+    assert not modes.exact_4bit(model_dir, cpu)
+    assert modes.lossless_modes(model_dir, cpu) == modes.LOSSLESS_MODES
+    monkeypatch.setattr(modes, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    assert modes.default_dtype(cpu, model_dir) == "bfloat16"
+    monkeypatch.setattr(assets, "recorded_mode", lambda key: {"dtype": "4bit", "invariant": True})
+    assert api._recorded_torch_mode("auto", model_dir) == (None, "auto")
+    # asked for by name, 4bit rounds any model's weights (as mlx-lm's 4-bit conversion)
+    from draftwise.backends.cuda import TorchBackend
+
+    be = TorchBackend.from_pretrained(model_dir, dtype="4bit", device="cpu", max_cache_len=64)
+    assert be.name == "torch-cpu-4bit-invariant"
+    # the source record the converter writes makes a GGUF's codes exact
+    (model_dir / "source.json").write_text(json.dumps({"gguf": str(tmp_path / "gone.gguf")}))
+    assert not modes.exact_4bit(model_dir, cpu)  # the file is gone: not exact

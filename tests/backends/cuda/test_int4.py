@@ -1,0 +1,138 @@
+"""The ``4bit`` mode: a Q4 GGUF's own codes, the 4-bit kernel's row invariance, and the
+mode end to end on the real default model (speculative output == plain, greedy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from draftwise.backends.cuda.int4 import (  # noqa: E402
+    Int4Weight,
+    int4_available,
+    linear,
+    quantize_rtn,
+)
+from draftwise.errors import DraftwiseError  # noqa: E402
+from draftwise.backends.gguf_q4 import GROUP, dequantize  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not int4_available(), reason="torch has no CPU int4 kernel")
+
+# SmolLM2-135M's fused linears: q/k/v, o, gate/up, down
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+
+
+def _random_q4(rng: np.random.Generator, n: int, k: int):
+    codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    scale = (rng.random((n, k // GROUP)) * 0.02 + 1e-3).astype(np.float32)
+    zero = (rng.standard_normal((n, k // GROUP)) * 0.01).astype(np.float32)
+    return codes, scale, zero
+
+
+def test_matmul_equals_dequantised_weights():
+    rng = np.random.default_rng(0)
+    q4 = _random_q4(rng, 192, 576)
+    w = Int4Weight.from_codes(*q4)
+    x = torch.randn(5, 576).bfloat16()
+    # the kernel reads bfloat16 scales and zeros: the reference rounds them the same way
+    sz = w.scales_zeros.float().numpy()  # (K/32, N, 2)
+    ref_w = dequantize((q4[0], sz[..., 0].T.copy(), sz[..., 1].T.copy()))
+    ref = x.float() @ torch.from_numpy(ref_w).T
+    got = linear(x, w).float()
+    assert got.shape == (5, 192)
+    assert torch.allclose(got, ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+    b = torch.randn(192).bfloat16()
+    assert torch.equal(linear(x, w, b), linear(x, w) + b)
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_a_row_gets_the_same_bits_for_every_row_count(n, k):
+    """What the batch-invariant mode relies on: row r of an M-row matmul is bit-equal to
+    the same row computed alone, for M = 1..64 (2 torch threads, as CI and users run)."""
+    rng = np.random.default_rng(n + k)
+    w = Int4Weight.from_codes(*_random_q4(rng, n, k))
+    x = torch.randn(64, k).bfloat16()
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        alone = torch.cat([w(x[i : i + 1]) for i in range(64)])  # (64, N)
+        for m in (2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33, 64):
+            assert torch.equal(w(x[:m]), alone[:m]), f"rows differ inside an {m}-row matmul"
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_quantize_rtn_recovers_grid_weights_and_bounds_the_error():
+    rng = np.random.default_rng(1)
+    codes, scale, zero = _random_q4(rng, 8, 64)
+    codes[:, ::GROUP] = 0  # every block spans the whole code range: its grid is recoverable
+    codes[:, 1::GROUP] = 15
+    w = torch.from_numpy(dequantize((codes, scale, zero)))
+    c2, s2, z2 = quantize_rtn(w)
+    assert np.array_equal(c2, codes)
+    assert np.allclose(s2, scale, rtol=1e-5) and np.allclose(z2, zero, atol=1e-6)
+    dense = torch.randn(16, 96)
+    c, s, z = quantize_rtn(dense)
+    err = np.abs(dequantize((c, s, z)) - dense.numpy()).reshape(16, 3, GROUP)
+    assert (err <= s[..., None] / 2 + 1e-6).all()
+    with pytest.raises(DraftwiseError, match="multiples of 32"):
+        quantize_rtn(torch.zeros(4, 40))
+
+
+def test_from_codes_refuses_bad_shapes():
+    with pytest.raises(DraftwiseError, match="multiple of 32"):
+        Int4Weight.from_codes(np.zeros((4, 40), np.uint8), np.zeros((4, 1)), np.zeros((4, 1)))
+
+
+def test_gguf_codes_are_the_converted_weights(default_model_dir):
+    """Every Q4_1 linear of the embedded GGUF, read as codes, dequantises to the float32
+    weights the converter wrote (q/k rows put back in Hugging Face order)."""
+    from safetensors.numpy import load_file
+
+    from draftwise.backends.gguf_q4 import gguf_source, read_q4_linears
+
+    src = gguf_source(default_model_dir)
+    assert src is not None and src.suffix == ".gguf"
+    q4 = read_q4_linears(src)
+    assert len(q4) == 30 * 7
+    dense = load_file(str(default_model_dir / "model.safetensors"))
+    for name, codes in q4.items():
+        want = dense[name]
+        assert np.allclose(dequantize(codes), want, rtol=1e-6, atol=1e-7), name
+
+
+def test_wrong_codes_are_refused(default_model_dir, monkeypatch):
+    """Codes that do not dequantise to the checkpoint (another GGUF, rows out of order)
+    are refused at load in one line, not computed with."""
+    from draftwise.backends.cuda import backend as be_mod
+    from draftwise.backends.cuda.backend import TorchBackend
+
+    real = be_mod.read_q4_linears
+
+    def swapped(path):
+        q4 = real(path)
+        name = "model.layers.0.self_attn.k_proj.weight"
+        c, s, z = q4[name]
+        q4[name] = (c[::-1].copy(), s[::-1].copy(), z[::-1].copy())
+        return q4
+
+    monkeypatch.setattr(be_mod, "read_q4_linears", swapped)
+    with pytest.raises(DraftwiseError, match="k_proj.*do not match"):
+        TorchBackend.from_pretrained(default_model_dir, dtype="4bit", device="cpu", max_cache_len=64)
+
+
+@pytest.mark.slow
+def test_4bit_speculative_output_equals_plain(default_model_dir):
+    """Greedy ``auto`` and ``cacheback`` == ``none`` in the 4bit mode (invariant by default
+    on CPU), on our own prompts; and the mode really computes with 4-bit weights."""
+    import draftwise
+    from tests.prompts import OWN_PROMPTS
+
+    model = draftwise.load(default_model_dir, backend="torch", dtype="4bit")
+    assert model.backend.name == "torch-cpu-4bit-invariant"
+    assert isinstance(model.backend.model.layers[0].w13, Int4Weight)
+    for text in OWN_PROMPTS[:3]:
+        plain = draftwise.generate(model, text, max_tokens=48, drafter="none")
+        for spec in ("cacheback", "auto"):
+            assert draftwise.generate(model, text, max_tokens=48, drafter=spec) == plain, spec
