@@ -101,6 +101,14 @@ class TorchBackend(CacheBook, BatchMixin):
         self._rows_x: torch.Tensor | None = None  # (N+1, C)
         self._hidden_x: torch.Tensor | None = None  # (C,)
         self._hidden_len = -1
+        # The invariant mode's attention: one compiled C call per layer where a C compiler
+        # is at hand (CPU, float32 cache), else the torch ops of block_attention; chosen
+        # once, so plain and tree steps always share one arithmetic.
+        self._native = None
+        if invariant and self.device.type == "cpu" and model.cache_dtype == torch.float32:
+            from draftwise.backends.cuda.native import attention_lib
+
+            self._native = attention_lib()
 
     def device_info(self) -> DeviceInfo:
         """The device, dtype, mode and thread count this backend computes with."""
@@ -253,7 +261,7 @@ class TorchBackend(CacheBook, BatchMixin):
                 c1 = min(n1, c0 + MAX_ROWS)
                 sel = list(range(c0, c1)) + [c0] * max(0, pad - (c1 - c0))
                 # padding rows need no attention of their own (see block_attention)
-                plan = make_plan(start, rows[c0:c1], self.device)
+                plan = make_plan(start, rows[c0:c1], self.device, self._native)
                 ids = torch.from_numpy(host[sel, :2]).to(self.device)  # (R, 2)
                 logits = self.model.forward(
                     ids[:, 0], ids[:, 1], start + c0, None, True, plan=plan, n_write=c1 - c0

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,20 +73,47 @@ def min_rows(dtype: str) -> int:
 
 @dataclass(frozen=True)
 class Plan:
-    """Which keys each row attends to, split into shared blocks and a gathered tail."""
+    """Which keys each row attends to: for ``block_attention`` split into shared blocks
+    and a gathered tail; for the native kernel (``native.py``) the committed length and
+    each row's extra slots."""
 
     shared: int  # keys in full blocks below the committed length: slots 0 .. shared-1
     tail_idx: torch.Tensor  # (T, nT * BLOCK) int64 cache slots of the rest of each list
     tail_bias: torch.Tensor  # (1, T, 1, nT * BLOCK) float32: 0, or -inf on padding
+    committed: int = 0
+    extra: torch.Tensor | None = None  # (T, E) int64: row i's slots from ``committed`` on
+    n_extra: torch.Tensor | None = None  # (T,) int32: how many of them
+    native: Any = None  # the compiled kernel (``native.attention_lib()``), or None
 
 
-def make_plan(committed: int, rows: Sequence[Sequence[int]], device: torch.device) -> Plan:
+def make_plan(
+    committed: int, rows: Sequence[Sequence[int]], device: torch.device, native: Any = None
+) -> Plan:
     """``rows[i]``: the cache slots at or after ``committed`` that row i sees (its tree
-    ancestors and itself, in depth order); every row also sees slots ``0..committed-1``."""
+    ancestors and itself, in depth order); every row also sees slots ``0..committed-1``.
+    ``native``: the compiled kernel, which attends from the row lists as they are."""
+    if native is not None:
+        n = np.array([len(r) for r in rows], np.int32)  # (T,)
+        extra = np.zeros((len(rows), int(n.max())), np.int64)  # (T, E)
+        for i, r in enumerate(rows):
+            extra[i, : n[i]] = r
+        empty = torch.empty(0)
+        return Plan(0, empty, empty, committed, torch.from_numpy(extra), torch.from_numpy(n), native)
     keys = len(rows) * (committed + max(len(r) for r in rows))
     shared, idx, ok = key_blocks(committed, rows, BLOCK, share=keys > GATHER_ALL_KEYS)
     bias = np.where(ok, np.float32(0), np.float32(-np.inf))[None, :, None, :]
     return Plan(shared, torch.from_numpy(idx).to(device), torch.from_numpy(bias).to(device))
+
+
+def plan_attention(q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int) -> torch.Tensor:
+    """(H, T, D) queries over one layer's cache following ``plan``: the native kernel when
+    the plan carries it, else ``block_attention``. Returns (T, H D) float32."""
+    if plan.native is not None:
+        from draftwise.backends.cuda.native import native_attention
+
+        assert plan.extra is not None and plan.n_extra is not None
+        return native_attention(plan.native, q, kv, plan.committed, plan.extra, plan.n_extra)
+    return block_attention(q, kv, plan, rep)
 
 
 def block_attention(q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from draftwise.backends.cuda.int4 import Int4Weight, Weight, fuse_q4, linear, quantize_rtn
-from draftwise.backends.cuda.invariant import Plan, block_attention
+from draftwise.backends.cuda.invariant import Plan, plan_attention
 from draftwise.errors import DraftwiseError
 from draftwise.backends.gguf_q4 import Q4, dequantize
 
@@ -360,7 +360,7 @@ class Llama:
             kv[0, :, start : start + w] = k[:, :w]
             kv[1, :, start : start + w] = v[:, :w]
             if plan is not None:
-                o = block_attention(q, kv, plan, rep).to(x.dtype)  # (T, H D)
+                o = plan_attention(q, kv, plan, rep).to(x.dtype)  # (T, H D)
             else:
                 # (a no-op cast unless the cache is kept in float32: invariant prefill)
                 keys = kv[0, :, :end].unsqueeze(0).to(q.dtype)  # (1, H_kv, S, D)

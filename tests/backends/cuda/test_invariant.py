@@ -29,7 +29,11 @@ from tests.invariance import plain_logits, tree_with_path  # noqa: E402
 # no shared block / tail crosses one / both / 5 and 11 blocks (torch's sum over >= 4
 # blocks once reordered with the row count: the specbench-242 miss at ~690 tokens)
 @pytest.mark.parametrize("ctx_len", [20, 62, 130, 300, 700])
-def test_row_logits_do_not_depend_on_the_batch(tmp_path, dtype, ctx_len):
+# the compiled attention (native.py) where a C compiler is at hand, and the torch ops
+@pytest.mark.parametrize("attention", ["native", "torch"])
+def test_row_logits_do_not_depend_on_the_batch(tmp_path, dtype, ctx_len, attention, monkeypatch):
+    if attention == "torch":
+        monkeypatch.setenv("DRAFTWISE_NATIVE", "0")
     model_dir, _ = _save_tiny(tmp_path / "m", "llama")
     cfg = json.loads((model_dir / "config.json").read_text())
     (model_dir / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 1024}))
@@ -39,6 +43,9 @@ def test_row_logits_do_not_depend_on_the_batch(tmp_path, dtype, ctx_len):
     be = TorchBackend.from_pretrained(
         model_dir, dtype=dtype, device="cpu", invariant=True, max_cache_len=1024
     )
+    if attention == "native" and be._native is None:
+        pytest.skip("no C compiler here: the backend keeps block_attention")
+    assert (be._native is None) == (attention == "torch")
     be.prefill(ctx[:-1])
     want = plain_logits(be, ctx, path)
     for n_other in (0, 1, 5, 12, 28, 36):  # 4..40 rows: 1 or 2 chunks, padded or not
