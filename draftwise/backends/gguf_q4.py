@@ -43,6 +43,10 @@ _NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _BLK = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
+# The output head's codes: a Q4 head as is; a Q8_0 head (the embedded model's tied
+# token_embd) split exactly into two 4-bit halves along the inputs (``split_q8``): its
+# codes are (V, 2 C) and the head reads the hidden state twice, ``[x, x]``.
+HEAD = "lm_head.weight"
 
 
 def gguf_source(model_dir: Path) -> Path | None:
@@ -73,6 +77,26 @@ def _unpack(raw: np.ndarray, kind: str, k: int) -> Q4:
     return codes, d, np.zeros_like(d)
 
 
+def split_q8(q8: np.ndarray, d: np.ndarray) -> Q4:
+    """Q8_0 weights ``d * q8`` (q8 (N, K) int8, d (N, K/32)) as exact 4-bit codes over
+    doubled inputs: with ``u = q8 + 128 = 16 a + b``, ``d q8 = 16 d (a - 8) + d (b - 8) + 8 d``,
+    so codes ``[a | b]`` (N, 2K), scales ``[16 d | d]``, zeros ``[0 | 8 d]``."""
+    u = (q8.astype(np.int16) + 128).astype(np.uint8)  # (N, K) in 0..255
+    codes = np.concatenate([u >> 4, u & 0x0F], axis=1)  # (N, 2K)
+    scale = np.concatenate([np.float32(16) * d, d], axis=1)  # (N, 2K/32)
+    zero = np.concatenate([np.zeros_like(d), np.float32(8) * d], axis=1)
+    return codes, scale, zero
+
+
+def _q8_blocks(raw: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(N, K/32 * 34) Q8_0 blocks -> q8 (N, K) int8, d (N, K/32) float32."""
+    n = raw.shape[0]
+    blocks = raw.reshape(n, k // GROUP, 2 + GROUP)  # (N, B, f16 d + 32 int8)
+    d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, B)
+    q8 = blocks[:, :, 2:].copy().view(np.int8).reshape(n, k)  # (N, K)
+    return q8, d
+
+
 def _hf_rows(a: np.ndarray, heads: int) -> np.ndarray:
     """Undo llama.cpp's q/k row interleave (as transformers' ``_reverse_permute_weights``)."""
     dim = a.shape[0] // heads // 2
@@ -81,7 +105,8 @@ def _hf_rows(a: np.ndarray, heads: int) -> np.ndarray:
 
 def read_q4_linears(path: str | os.PathLike[str]) -> dict[str, Q4]:
     """Every Q4_0 / Q4_1 block linear of a llama-family GGUF, keyed by its Hugging Face
-    name (see the module docstring); other tensors (a Q8_0 embedding, norms) are left out."""
+    name (see the module docstring), and the output head as ``HEAD`` when it is Q8_0 or
+    Q4 (a Q8_0 one split by ``split_q8``); other tensors (norms, a Q6_K head) are left out."""
     import gguf
 
     try:
@@ -92,8 +117,18 @@ def read_q4_linears(path: str | os.PathLike[str]) -> dict[str, Q4]:
     heads = int(_field(reader, f"{arch}.attention.head_count", 0))
     kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
     out: dict[str, Q4] = {}
+    names = {t.name for t in reader.tensors}
+    head_name = "output.weight" if "output.weight" in names else "token_embd.weight"
     for t in reader.tensors:
         kind = t.tensor_type.name
+        if t.name == head_name and kind in ("Q8_0", "Q4_0", "Q4_1"):
+            k = int(t.shape[0])
+            raw = np.asarray(t.data)
+            if kind == "Q8_0":
+                out[HEAD] = split_q8(*_q8_blocks(raw, k))
+            else:
+                out[HEAD] = _unpack(raw, kind, k)
+            continue
         hit = _BLK.match(t.name)
         if kind not in ("Q4_0", "Q4_1") or hit is None or hit.group(2) not in _NAMES:
             continue
@@ -109,12 +144,17 @@ def read_q4_linears(path: str | os.PathLike[str]) -> dict[str, Q4]:
     return out
 
 
-def dequantize(q4: Q4) -> np.ndarray:
-    """(N, K) float32 weights of ``q4``: ``scale * (code - 8) + zero`` per block."""
+def dequantize(q4: Q4, inputs: int | None = None) -> np.ndarray:
+    """(N, K) float32 weights of ``q4``: ``scale * (code - 8) + zero`` per block. With
+    ``inputs`` = K / r (a split head, read over r copies of the input), the r parts summed:
+    (N, inputs)."""
     codes, scale, zero = q4
     n, k = codes.shape
     c = codes.reshape(n, k // GROUP, GROUP).astype(np.float32) - np.float32(8)  # (N, B, 32)
-    return (c * scale[..., None] + zero[..., None]).reshape(n, k)
+    w = (c * scale[..., None] + zero[..., None]).reshape(n, k)
+    if inputs is not None and inputs != k:
+        w = w.reshape(n, k // inputs, inputs).sum(axis=1)  # (N, inputs)
+    return w
 
 
 def _field(reader: object, key: str, default: object) -> object:

@@ -77,6 +77,7 @@ def build_draft_lm(
         llama = load_draft_model(draft_dir, be.dtype, be.device, limit)
         if head:
             llama.lm_head = llama.lm_head[:head]
+            llama.head_q = None  # the cut dense head drafts
     return TorchDraftLM(llama, be.vocab_size)
 
 

@@ -54,7 +54,7 @@ def single_token_logits(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
         v = qkv[:, (h + hkv) * d :].view(b, hkv, 1, d)  # (B, H_kv, 1, D)
         o = v.expand(b, hkv, model.n_rep, d).reshape(b, h * d)  # q head j reads kv j // rep
         x = _mlp_block(model, li, x, o)
-    return F.linear(rms_norm(x, model.norm, cfg.norm_eps), model.lm_head)  # (B, V)
+    return model.logits(rms_norm(x, model.norm, cfg.norm_eps))  # (B, V)
 
 
 class BatchMixin:
@@ -117,7 +117,7 @@ class BatchMixin:
                 o = _attend(q, model.cache[li, :, :, :start], kv_new[li], own_mask)
                 o = o.view(hkv, k, rep, t, dd).permute(1, 3, 0, 2, 4).reshape(k * t, h * dd)
                 x = _mlp_block(model, li, x, o)
-            logits = F.linear(rms_norm(x, model.norm, cfg.norm_eps), model.lm_head)  # (k t, V)
+            logits = model.logits(rms_norm(x, model.norm, cfg.norm_eps))  # (k t, V)
             self._batch_kv = kv_new
             self._pending = 0  # type: ignore[attr-defined]  # a tree commit is now invalid
             return logits.argmax(dim=-1).view(k, t).cpu().numpy()

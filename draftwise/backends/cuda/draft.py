@@ -46,6 +46,7 @@ def early_exit(model: Llama, n_layers: int, max_cache_len: int, head: int = 0) -
         if not 1 <= head <= model.lm_head.shape[0]:
             raise DraftwiseError(f"draft head must be in 1..{model.lm_head.shape[0]}, got {head}")
         out.lm_head = model.lm_head[:head]  # (head, C) view: no copy
+        out.head_q = None  # a cut head drafts with the dense rows (drafts, not output)
     out.max_cache_len = max_cache_len
     if max_cache_len > model.max_cache_len:
         out.cos, out.sin = rope_tables(cfg, max_cache_len, model.dtype, model.device)

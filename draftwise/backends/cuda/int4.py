@@ -38,15 +38,20 @@ def int4_available() -> bool:
 
 @dataclass
 class Int4Weight:
-    """A packed 4-bit linear weight (no bias): ``w(x)`` is ``x @ W^T``."""
+    """A packed 4-bit linear weight (no bias): ``w(x)`` is ``x @ W^T``. ``repeat`` > 1: the
+    codes span ``repeat`` copies of the input (a Q8_0 head split into two 4-bit halves,
+    ``gguf_q4.split_q8``), so ``w(x)`` reads ``[x, x]`` and sums in float32."""
 
     packed: torch.Tensor  # (N, K / 2) uint8, torch's CPU int4 layout
     scales_zeros: torch.Tensor  # (K / 32, N, 2) bfloat16
     out_features: int
-    in_features: int
+    in_features: int  # K: repeat x the input size
+    repeat: int = 1
 
     @classmethod
-    def from_codes(cls, codes: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> Int4Weight:
+    def from_codes(
+        cls, codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, repeat: int = 1
+    ) -> Int4Weight:
         """From codes (N, K) in 0..15 and per-block ``scale``, ``zero`` (N, K / 32)."""
         n, k = codes.shape
         if k % GROUP or scale.shape != (n, k // GROUP) or zero.shape != scale.shape:
@@ -58,10 +63,12 @@ class Int4Weight:
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(c, 1)  # (N, K/2)
         sz = np.stack([scale, zero], axis=-1).transpose(1, 0, 2)  # (K/32, N, 2)
         sz_t = torch.from_numpy(np.ascontiguousarray(sz, np.float32)).to(torch.bfloat16)
-        return cls(packed, sz_t.contiguous(), n, k)
+        return cls(packed, sz_t.contiguous(), n, k, repeat)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(T, K) bfloat16 -> (T, N) bfloat16."""
+        """(T, K / repeat) bfloat16 -> (T, N) bfloat16."""
+        if self.repeat > 1:
+            x = x.repeat(1, self.repeat)  # (T, K)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros)
 
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from draftwise.backends.cuda.int4 import Int4Weight, Weight, fuse_q4, linear, quantize_rtn
 from draftwise.backends.cuda.invariant import Plan, plan_attention
 from draftwise.errors import DraftwiseError
-from draftwise.backends.gguf_q4 import Q4, dequantize
+from draftwise.backends.gguf_q4 import HEAD, Q4, dequantize
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
@@ -170,8 +170,10 @@ def _check_codes(name: str, q4: Q4, dense: torch.Tensor) -> None:
     rows = min(8, dense.shape[0])
     head = (q4[0][:rows], q4[1][:rows], q4[2][:rows])
     want = dense[:rows].float().numpy()
-    if q4[0].shape != tuple(dense.shape) or not np.allclose(
-        dequantize(head), want, rtol=1e-5, atol=1e-7 * float(np.abs(want).max() + 1)
+    k = int(dense.shape[1])
+    shape_ok = q4[0].shape[0] == dense.shape[0] and q4[0].shape[1] % k == 0
+    if not shape_ok or not np.allclose(
+        dequantize(head, k), want, rtol=1e-5, atol=1e-7 * float(np.abs(want).max() + 1)
     ):
         raise DraftwiseError(
             f"the GGUF's 4-bit codes for {name!r} do not match the converted weights "
@@ -254,6 +256,16 @@ class Llama:
             return Int4Weight.from_codes(*fuse_q4(parts))
 
         with torch.inference_mode():
+            # 4bit: the head's own codes when the GGUF has them (a Q8_0 head split into two
+            # 4-bit halves, exact); checked against the dense head before it is converted
+            self.head_q: Int4Weight | None = None
+            if q4 is not None and HEAD in q4:
+                untied = HEAD in weights and not cfg.tie_embeddings
+                dense_head = weights[HEAD if untied else "model.embed_tokens.weight"]
+                codes = q4[HEAD]
+                _check_codes(HEAD, codes, dense_head)
+                reps = codes[0].shape[1] // int(dense_head.shape[1])
+                self.head_q = Int4Weight.from_codes(*codes, repeat=reps)
             self.embed = take("model.embed_tokens.weight")  # (V, C)
             self.layers: list[Layer] = []
             for i in range(cfg.n_layers):
@@ -380,7 +392,14 @@ class Llama:
         self.last_x = x  # (T, C) residual stream before the final norm
         if not need_logits:
             return None
-        return F.linear(rms_norm(x, self.norm, cfg.norm_eps), self.lm_head)  # (T, V)
+        return self.logits(rms_norm(x, self.norm, cfg.norm_eps))  # (T, V)
+
+    def logits(self, xn: torch.Tensor) -> torch.Tensor:
+        """The head over final-normed rows ``xn`` (T, C) -> (T, V): its 4-bit codes in the
+        4bit mode when the GGUF has them, else the dense ``lm_head``."""
+        if self.head_q is not None:
+            return self.head_q(xn)
+        return F.linear(xn, self.lm_head)
 
     def final_hidden(self, x: torch.Tensor) -> torch.Tensor:
         """The last-layer hidden state (after the final norm) of residual rows ``x``

@@ -15,12 +15,12 @@ from draftwise.backends.cuda.int4 import (  # noqa: E402
     quantize_rtn,
 )
 from draftwise.errors import DraftwiseError  # noqa: E402
-from draftwise.backends.gguf_q4 import GROUP, dequantize  # noqa: E402
+from draftwise.backends.gguf_q4 import GROUP, HEAD, dequantize, split_q8  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not int4_available(), reason="torch has no CPU int4 kernel")
 
-# SmolLM2-135M's fused linears: q/k/v, o, gate/up, down
-SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+# SmolLM2-135M's fused linears: q/k/v, o, gate/up, down; the split Q8_0 head
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 1152)]
 
 
 def _random_q4(rng: np.random.Generator, n: int, k: int):
@@ -95,11 +95,28 @@ def test_gguf_codes_are_the_converted_weights(default_model_dir):
     src = gguf_source(default_model_dir)
     assert src is not None and src.suffix == ".gguf"
     q4 = read_q4_linears(src)
-    assert len(q4) == 30 * 7
+    assert len(q4) == 30 * 7 + 1
     dense = load_file(str(default_model_dir / "model.safetensors"))
+    dense[HEAD] = dense["model.embed_tokens.weight"]  # tied: the Q8_0 token_embd
+    assert q4[HEAD][0].shape == (49152, 2 * 576)  # split into two 4-bit halves
     for name, codes in q4.items():
         want = dense[name]
-        assert np.allclose(dequantize(codes), want, rtol=1e-6, atol=1e-7), name
+        assert np.allclose(dequantize(codes, want.shape[1]), want, rtol=1e-6, atol=1e-7), name
+
+
+def test_split_q8_is_exact():
+    """The two 4-bit halves hold the Q8_0 weights exactly (in real arithmetic: their
+    float32 sum differs from d * q8 by rounding only)."""
+    rng = np.random.default_rng(3)
+    q8 = rng.integers(-128, 128, (6, 64)).astype(np.int8)
+    d = (rng.random((6, 2)) * 0.01).astype(np.float32)
+    codes, scale, zero = split_q8(q8, d)
+    assert codes.shape == (6, 128) and codes.max() <= 15
+    hi = codes[:, :64].astype(np.int64) - 8
+    lo = codes[:, 64:].astype(np.int64)
+    assert np.array_equal(16 * hi + lo, q8.astype(np.int64))  # the integer identity
+    want = (q8.reshape(6, 2, 32) * d[..., None]).reshape(6, 64)
+    assert np.allclose(dequantize((codes, scale, zero), 64), want, rtol=1e-6, atol=1e-9)
 
 
 def test_wrong_codes_are_refused(default_model_dir, monkeypatch):
@@ -132,6 +149,7 @@ def test_4bit_speculative_output_equals_plain(default_model_dir):
     model = draftwise.load(default_model_dir, backend="torch", dtype="4bit")
     assert model.backend.name == "torch-cpu-4bit-invariant"
     assert isinstance(model.backend.model.layers[0].w13, Int4Weight)
+    assert model.backend.model.head_q is not None and model.backend.model.head_q.repeat == 2
     for text in OWN_PROMPTS[:3]:
         plain = draftwise.generate(model, text, max_tokens=48, drafter="none")
         for spec in ("cacheback", "auto"):
