@@ -26,13 +26,13 @@ from draftwise.backends.cuda.device_sampling import HostStaging, sample_rows
 from draftwise.backends.cuda.int4 import int4_available
 from draftwise.backends.cuda.invariant import MAX_ROWS, make_plan, min_rows
 from draftwise.backends.cuda.llama import Llama, causal_mask, read_llama_config, read_weights
+from draftwise.backends.gguf_q4 import Q4, gguf_source, read_q4_linears
 from draftwise.core.backend import Verified
 from draftwise.core.cachebook import CacheBook
 from draftwise.core.device import DeviceInfo, cpu_name
 from draftwise.core.sampling import SamplingParams
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
-from draftwise.backends.gguf_q4 import Q4, gguf_source, read_q4_linears
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # "4bit": 4-bit linear weights (a Q4 GGUF's own codes, else round-to-nearest) with
@@ -54,16 +54,21 @@ def resolve_invariant(invariant: bool | str, device: torch.device, dtype: str) -
     return invariant
 
 
-def four_bit_codes(model_dir: Path, device: torch.device) -> dict[str, Q4]:
-    """The ``4bit`` mode's codes for ``model_dir``: those of the Q4 GGUF it was converted
-    from when known (exact), else none (every linear rounded to nearest at load)."""
+def weights_mode(
+    model_dir: Path, dtype: str, device: torch.device
+) -> tuple[torch.dtype, dict[str, Q4] | None]:
+    """The compute dtype and 4-bit codes of ``dtype`` (one of ``TORCH_DTYPES``): for
+    ``4bit``, bfloat16 activations and the codes of the Q4 GGUF ``model_dir`` was converted
+    from when known (exact; else none: every linear rounded to nearest at load)."""
+    if dtype != "4bit":
+        return DTYPES[dtype], None
     if device.type != "cpu" or not int4_available():
         raise DraftwiseError(
             f"dtype '4bit' runs on CPU with torch >= 2.5 (device {device.type}, torch "
             f"{torch.__version__}); use bfloat16 or float32"
         )
     src = gguf_source(model_dir)
-    return read_q4_linears(src) if src is not None else {}
+    return torch.bfloat16, (read_q4_linears(src) if src is not None else {})
 
 
 def _pick_device(device: str) -> torch.device:
@@ -129,22 +134,20 @@ class TorchBackend(CacheBook, BatchMixin):
         max_cache_len: int | None = None,
         invariant: bool | str = "auto",
     ) -> TorchBackend:
-        """``invariant``: batch-invariant verification (True/False; "auto" = on for bf16
-        on CPU). Example: ``TorchBackend.from_pretrained(d, dtype="bfloat16")``."""
+        """``dtype``: float32, bfloat16, float16 or 4bit (CPU: ``weights_mode``).
+        ``invariant``: batch-invariant verification (True/False; "auto" = on for bf16 and
+        4bit on CPU). Example: ``TorchBackend.from_pretrained(d, dtype="bfloat16")``."""
         if dtype not in TORCH_DTYPES:
             raise DraftwiseError(f"unknown dtype {dtype!r} (use {', '.join(TORCH_DTYPES)})")
         if max_cache_len is not None and max_cache_len < 1:
             raise DraftwiseError(f"max_cache_len must be positive, got {max_cache_len}")
         dev = _pick_device(device)
-        q4 = None
-        if dtype == "4bit":
-            q4 = four_bit_codes(Path(model_dir), dev)
+        compute, q4 = weights_mode(Path(model_dir), dtype, dev)
         inv = resolve_invariant(invariant, dev, dtype)
         cfg = read_llama_config(model_dir)
         cap = max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE
         limit = min(cfg.max_positions, cap)
         cache_dtype = torch.float32 if inv else None  # see Llama: read as it lies
-        compute = torch.bfloat16 if q4 is not None else DTYPES[dtype]
         weights = read_weights(Path(model_dir))
         model = Llama(cfg, weights, compute, dev, limit, cache_dtype, q4)
         return cls(model, limit, inv)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftwise.backends.cuda.backend import DTYPES, TorchBackend, four_bit_codes
+from draftwise.backends.cuda.backend import TorchBackend, weights_mode
 from draftwise.backends.cuda.llama import Llama, read_llama_config, read_weights, rope_tables
 from draftwise.errors import DraftwiseError
 
@@ -64,8 +64,7 @@ def load_draft_model(model_dir: str | Path, dtype: str, device: torch.device,
     the target's ``dtype`` (``4bit``: its GGUF's codes, or rounded ones)."""
     cfg = read_llama_config(model_dir)
     limit = min(cfg.max_positions, max_cache_len)
-    q4 = four_bit_codes(Path(model_dir), device) if dtype == "4bit" else None
-    compute = torch.bfloat16 if q4 is not None else DTYPES[dtype]
+    compute, q4 = weights_mode(Path(model_dir), dtype, device)
     return Llama(cfg, read_weights(Path(model_dir)), compute, device, limit, q4=q4)
 
 
