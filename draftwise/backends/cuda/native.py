@@ -58,8 +58,12 @@ def _build(cc: str) -> Path | None:
         src = SOURCE.read_bytes()
     except OSError:  # an install without the C source
         return None
-    # -march=native: one build per CPU model (a shared home directory may see several)
-    key = hashlib.sha256(src + " ".join((cc, *FLAGS, cpu_name())).encode())
+    # -march=native: one build per CPU model and feature set (a shared home directory may
+    # see several machines; a binary with instructions a CPU lacks would crash it)
+    from draftwise.backends.cuda.modes import cpu_flags
+
+    machine = " ".join((cpu_name(), *sorted(cpu_flags())))
+    key = hashlib.sha256(src + " ".join((cc, *FLAGS, machine)).encode())
     out = _cache_dir() / "kernels" / f"attention-{key.hexdigest()[:16]}.so"
     if out.is_file():
         return out
