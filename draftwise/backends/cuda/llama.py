@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 from draftwise.backends.cuda.int4 import Int4Weight, Weight, fuse_q4, linear, quantize_rtn
 from draftwise.backends.cuda.invariant import Plan, plan_attention
-from draftwise.errors import DraftwiseError
 from draftwise.backends.gguf_q4 import HEAD, Q4, dequantize
+from draftwise.errors import DraftwiseError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
