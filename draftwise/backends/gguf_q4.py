@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,18 @@ _BLK = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
 # token_embd) split exactly into two 4-bit halves along the inputs (``split_q8``): its
 # codes are (V, 2 C) and the head reads the hidden state twice, ``[x, x]``.
 HEAD = "lm_head.weight"
+# block-linear types whose weights are exactly 4-bit codes with a scale and zero per 32
+Q4_KINDS = ("Q4_0", "Q4_1", "Q4_K")
+
+
+@dataclass(frozen=True)
+class FourBit:
+    """What the ``4bit`` mode computes with: a GGUF's codes by Hugging Face name, and
+    whether linears without codes are rounded to nearest (a model with no GGUF) rather
+    than kept dense (the Q6_K tensors of a Q4_K_M file)."""
+
+    codes: dict[str, Q4]
+    round_missing: bool = False
 
 
 def gguf_source(model_dir: Path) -> Path | None:
@@ -63,6 +76,24 @@ def gguf_source(model_dir: Path) -> Path | None:
     return path if path.is_file() else None
 
 
+def q4_linear_count(model_dir: Path) -> int:
+    """How many block linears of ``model_dir``'s source GGUF are 4-bit (``Q4_KINDS``), from
+    the types ``source.json`` records; 0 when unknown or the file is gone."""
+    if gguf_source(model_dir) is None:
+        return 0
+    try:
+        types = json.loads((Path(model_dir) / SOURCE_FILE).read_text()).get("types", {})
+    except (OSError, ValueError, AttributeError):
+        return 0
+    if not isinstance(types, dict):
+        return 0
+    return sum(
+        1
+        for name, kind in types.items()
+        if kind in Q4_KINDS and (hit := _BLK.match(str(name))) and hit.group(2) in _NAMES
+    )
+
+
 def _unpack(raw: np.ndarray, kind: str, k: int) -> Q4:
     """(N, K/32 * bytes) GGUF blocks -> codes (N, K) uint8, scale and zero (N, K/32)."""
     n = raw.shape[0]
@@ -75,6 +106,30 @@ def _unpack(raw: np.ndarray, kind: str, k: int) -> Q4:
         m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, B)
         return codes, d, m + np.float32(8) * d
     return codes, d, np.zeros_like(d)
+
+
+def _unpack_q4k(raw: np.ndarray, k: int) -> Q4:
+    """(N, K/256 * 144) Q4_K super-blocks -> codes (N, K), scale and zero (N, K/32).
+
+    A super-block of 256 holds f16 ``d`` and ``dmin``, 12 bytes of 6-bit sub-block scales
+    ``sc`` and mins ``mn`` (8 each) and 128 bytes of nibbles: in each 64-weight chunk the
+    first 32 weights are the low nibbles of its 32 bytes, the next 32 the high ones.
+    Weight = ``d sc q - dmin mn``: per 32-block ``scale = d sc``, ``zero = 8 scale - dmin mn``.
+    """
+    n = raw.shape[0]
+    nb = k // 256
+    blocks = raw.reshape(n, nb, 144)  # (N, nb, bytes)
+    d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, nb)
+    dmin = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)  # (N, nb)
+    sm = blocks[:, :, 4:16].reshape(n, nb, 3, 4)  # the 12 scale bytes as 3 x 4
+    lo, hi, mix = sm[:, :, 0], sm[:, :, 1], sm[:, :, 2]  # (N, nb, 4) each
+    sc = np.concatenate([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], axis=2)  # (N, nb, 8)
+    mn = np.concatenate([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], axis=2)  # (N, nb, 8)
+    qs = blocks[:, :, 16:].reshape(n, nb, 4, 1, 32)  # (N, nb, chunk, 1, 32)
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=3).reshape(n, k)  # (N, K)
+    scale = (d[..., None] * sc.astype(np.float32)).reshape(n, k // GROUP)  # (N, K/32)
+    mins = (dmin[..., None] * mn.astype(np.float32)).reshape(n, k // GROUP)
+    return codes, scale, np.float32(8) * scale - mins
 
 
 def split_q8(q8: np.ndarray, d: np.ndarray) -> Q4:
@@ -104,15 +159,16 @@ def _hf_rows(a: np.ndarray, heads: int) -> np.ndarray:
 
 
 def read_q4_linears(path: str | os.PathLike[str]) -> dict[str, Q4]:
-    """Every Q4_0 / Q4_1 block linear of a llama-family GGUF, keyed by its Hugging Face
-    name (see the module docstring), and the output head as ``HEAD`` when it is Q8_0 or
-    Q4 (a Q8_0 one split by ``split_q8``); other tensors (norms, a Q6_K head) are left out."""
+    """Every Q4_0 / Q4_1 / Q4_K block linear of a llama-family GGUF, keyed by its Hugging
+    Face name (see the module docstring), and the output head as ``HEAD`` when it is Q8_0
+    or Q4_0 / Q4_1 (a Q8_0 one split by ``split_q8``); other tensors (norms, the Q6_K
+    tensors of a Q4_K_M file) are left out: they stay dense."""
     import gguf
 
     try:
         reader = gguf.GGUFReader(str(path))
-    except (OSError, ValueError) as e:
-        raise DraftwiseError(f"cannot read GGUF file {path}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - gguf raises anything (IndexError...) on a bad file
+        raise DraftwiseError(f"cannot read GGUF file {path}: {e!r}") from None
     arch = _field(reader, "general.architecture", "llama")
     heads = int(_field(reader, f"{arch}.attention.head_count", 0))
     kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
@@ -130,12 +186,13 @@ def read_q4_linears(path: str | os.PathLike[str]) -> dict[str, Q4]:
                 out[HEAD] = _unpack(raw, kind, k)
             continue
         hit = _BLK.match(t.name)
-        if kind not in ("Q4_0", "Q4_1") or hit is None or hit.group(2) not in _NAMES:
+        if kind not in Q4_KINDS or hit is None or hit.group(2) not in _NAMES:
             continue
         k = int(t.shape[0])  # GGUF lists the input (fastest) dimension first
         if k % GROUP:
             raise DraftwiseError(f"{path}: {t.name} has {k} inputs, not a multiple of {GROUP}")
-        q4 = _unpack(np.asarray(t.data), kind, k)
+        raw = np.asarray(t.data)
+        q4 = _unpack_q4k(raw, k) if kind == "Q4_K" else _unpack(raw, kind, k)
         part = hit.group(2)
         if part in ("attn_q", "attn_k") and heads:
             h = heads if part == "attn_q" else kv_heads

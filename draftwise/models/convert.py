@@ -116,11 +116,19 @@ def convert_gguf(
 
 
 def record_source(model_dir: Path, gguf_path: Path) -> None:
-    """Write ``source.json`` (atomically): the GGUF ``model_dir`` was converted from, where
-    the torch backend's ``4bit`` mode reads the file's own 4-bit codes
-    (``backends/gguf_q4.py``)."""
+    """Write ``source.json`` (atomically): the GGUF ``model_dir`` was converted from and
+    each tensor's type there, from which the torch backend's ``4bit`` mode knows whether
+    and where it can compute with the file's own 4-bit codes (``backends/gguf_q4.py``)."""
+    record: dict[str, Any] = {"gguf": str(Path(gguf_path).resolve())}
+    try:
+        import gguf
+
+        reader = gguf.GGUFReader(str(gguf_path))
+        record["types"] = {t.name: t.tensor_type.name for t in reader.tensors}
+    except Exception:  # noqa: BLE001 - best effort: gguf raises anything on a bad file
+        pass  # no types: 4bit is then never this model's default
     tmp = model_dir / ".source.json.tmp"
-    tmp.write_text(json.dumps({"gguf": str(Path(gguf_path).resolve())}))
+    tmp.write_text(json.dumps(record))
     os.replace(tmp, model_dir / "source.json")
 
 

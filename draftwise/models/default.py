@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 from draftwise.errors import DraftwiseError
@@ -53,6 +54,13 @@ def default_gguf_path() -> Path:
     )
 
 
+def _has_types(record: Path) -> bool:
+    try:
+        return "types" in json.loads(record.read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def ensure_default_model(progress: Progress | None = None) -> Path:
     """Return the HF-format directory of the default model, converting it on first use.
 
@@ -67,10 +75,10 @@ def ensure_default_model(progress: Progress | None = None) -> Path:
     """
     target = models_dir() / DEFAULT_MODEL_NAME
     if target.is_dir():  # fast path: no package lookup, no torch
-        if not (target / "source.json").is_file():  # a cache converted before it was kept
+        if not _has_types(target / "source.json"):  # a cache converted before it was kept
             try:
                 record_source(target, default_gguf_path())
-            except (DraftwiseError, OSError):
-                pass  # read-only cache or no package: the 4bit mode then rounds instead
+            except (DraftwiseError, OSError, ImportError):
+                pass  # read-only cache, no package, no gguf: 4bit is then no default
         return target
     return convert_gguf(default_gguf_path(), progress, name=DEFAULT_MODEL_NAME)

@@ -26,7 +26,7 @@ from draftwise.backends.cuda.device_sampling import HostStaging, sample_rows
 from draftwise.backends.cuda.int4 import int4_available
 from draftwise.backends.cuda.invariant import MAX_ROWS, make_plan, min_rows
 from draftwise.backends.cuda.llama import Llama, causal_mask, read_llama_config, read_weights
-from draftwise.backends.gguf_q4 import Q4, gguf_source, read_q4_linears
+from draftwise.backends.gguf_q4 import FourBit, gguf_source, read_q4_linears
 from draftwise.core.backend import Verified
 from draftwise.core.cachebook import CacheBook
 from draftwise.core.device import DeviceInfo, cpu_name
@@ -56,10 +56,11 @@ def resolve_invariant(invariant: bool | str, device: torch.device, dtype: str) -
 
 def weights_mode(
     model_dir: Path, dtype: str, device: torch.device
-) -> tuple[torch.dtype, dict[str, Q4] | None]:
-    """The compute dtype and 4-bit codes of ``dtype`` (one of ``TORCH_DTYPES``): for
-    ``4bit``, bfloat16 activations and the codes of the Q4 GGUF ``model_dir`` was converted
-    from when known (exact; else none: every linear rounded to nearest at load)."""
+) -> tuple[torch.dtype, FourBit | None]:
+    """The compute dtype and 4-bit weights of ``dtype`` (one of ``TORCH_DTYPES``): for
+    ``4bit``, bfloat16 activations and the codes of the GGUF ``model_dir`` was converted
+    from (exact; its tensors without 4-bit codes stay dense), or, with no GGUF, every
+    linear rounded to nearest at load."""
     if dtype != "4bit":
         return DTYPES[dtype], None
     if device.type != "cpu" or not int4_available():
@@ -68,7 +69,9 @@ def weights_mode(
             f"{torch.__version__}); use bfloat16 or float32"
         )
     src = gguf_source(model_dir)
-    return torch.bfloat16, (read_q4_linears(src) if src is not None else {})
+    if src is None:
+        return torch.bfloat16, FourBit({}, round_missing=True)
+    return torch.bfloat16, FourBit(read_q4_linears(src))
 
 
 def _pick_device(device: str) -> torch.device:

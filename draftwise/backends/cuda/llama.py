@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from draftwise.backends.cuda.int4 import Int4Weight, Weight, fuse_q4, linear, quantize_rtn
 from draftwise.backends.cuda.invariant import Plan, plan_attention
-from draftwise.backends.gguf_q4 import HEAD, Q4, dequantize
+from draftwise.backends.gguf_q4 import HEAD, Q4, FourBit, dequantize
 from draftwise.errors import DraftwiseError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -216,10 +216,11 @@ class Llama:
         device: torch.device,
         max_cache_len: int,
         cache_dtype: torch.dtype | None = None,
-        q4: dict[str, Q4] | None = None,
+        q4: FourBit | None = None,
     ) -> None:
-        """``q4``: 4-bit linear layers (the ``4bit`` mode, CPU, bfloat16 activations): the
-        codes given for a weight (a Q4 GGUF's own), round-to-nearest ones for the rest."""
+        """``q4``: 4-bit linear layers (the ``4bit`` mode, CPU, bfloat16 activations) with
+        the codes given (a GGUF's own); a fused weight some part of which has none stays
+        dense, or with ``round_missing`` (no GGUF) is rounded to nearest."""
         self.cfg, self.dtype, self.device = cfg, dtype, device
         self.int4 = q4 is not None
         if self.int4 and (dtype != torch.bfloat16 or device.type != "cpu"):
@@ -240,14 +241,14 @@ class Llama:
 
         def lin(*names: str) -> Weight:
             """A linear weight (several fused along the output rows)."""
-            if q4 is None:
-                return fuse(*names)
+            if q4 is None or (not q4.round_missing and any(n not in q4.codes for n in names)):
+                return fuse(*names)  # dense (a Q6_K tensor of a Q4_K_M file, say)
             parts = []
             for n in names:
                 if n not in weights:
                     raise DraftwiseError(f"weight {n!r} missing from the checkpoint")
                 dense = weights.pop(n)  # (N, K) float
-                codes = q4.get(n)
+                codes = q4.codes.get(n)
                 if codes is None:
                     codes = quantize_rtn(dense)
                 else:
@@ -259,10 +260,10 @@ class Llama:
             # 4bit: the head's own codes when the GGUF has them (a Q8_0 head split into two
             # 4-bit halves, exact); checked against the dense head before it is converted
             self.head_q: Int4Weight | None = None
-            if q4 is not None and HEAD in q4:
+            if q4 is not None and HEAD in q4.codes:
                 untied = HEAD in weights and not cfg.tie_embeddings
                 dense_head = weights[HEAD if untied else "model.embed_tokens.weight"]
-                codes = q4[HEAD]
+                codes = q4.codes[HEAD]
                 _check_codes(HEAD, codes, dense_head)
                 reps = codes[0].shape[1] // int(dense_head.shape[1])
                 self.head_q = Int4Weight.from_codes(*codes, repeat=reps)
@@ -317,7 +318,7 @@ class Llama:
         device: torch.device,
         max_cache_len: int,
         cache_dtype: torch.dtype | None = None,
-        q4: dict[str, Q4] | None = None,
+        q4: FourBit | None = None,
     ) -> Llama:
         cfg = read_llama_config(model_dir)
         weights = read_weights(Path(model_dir))

@@ -37,14 +37,15 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 def exact_4bit(model_dir: Path | None, device: torch.device) -> bool:
     """Whether ``4bit`` computes with the model's own weights here: a CPU with the 4-bit
-    kernel and a model converted from a Q4 GGUF (then the codes are the file's, exactly;
-    for any other model ``4bit`` rounds the weights, a choice the user must make)."""
+    kernel and a model converted from a GGUF whose block linears are Q4_0 / Q4_1 / Q4_K
+    (then the codes are the file's, exactly, and its other tensors stay dense; for any
+    other model ``4bit`` rounds the weights, a choice the user must make)."""
     from draftwise.backends.cuda.int4 import int4_available
-    from draftwise.backends.gguf_q4 import gguf_source
+    from draftwise.backends.gguf_q4 import q4_linear_count
 
     if model_dir is None or device.type != "cpu" or not int4_available():
         return False
-    return gguf_source(Path(model_dir)) is not None
+    return q4_linear_count(Path(model_dir)) > 0
 
 
 def lossless_modes(model_dir: Path | None, device: torch.device) -> tuple[tuple[str, bool], ...]:
