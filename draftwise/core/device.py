@@ -55,5 +55,21 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown cpu"
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``; empty where there is none).
+
+    Example::
+
+        >>> "avx2" in cpu_flags() or True
+        True
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            found = re.search(r"^flags\s*:\s*(.+)$", f.read(), re.MULTILINE)
+    except OSError:
+        return frozenset()
+    return frozenset(found.group(1).split()) if found else frozenset()
+
+
 def cpu_threads() -> int:
     return os.cpu_count() or 1

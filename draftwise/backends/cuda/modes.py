@@ -23,10 +23,11 @@ Example::
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
+
+from draftwise.core.device import cpu_flags
 
 # (dtype, batch-invariant verification): the modes whose speculative output is plain
 # decoding's, in the order a tie keeps.
@@ -53,16 +54,6 @@ def lossless_modes(model_dir: Path | None, device: torch.device) -> tuple[tuple[
     (batch-invariant) where it is exact (``exact_4bit``)."""
     extra = (FOUR_BIT_MODE,) if exact_4bit(model_dir, device) else ()
     return LOSSLESS_MODES + extra
-
-
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (``/proc/cpuinfo``; empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            found = re.search(r"^flags\s*:\s*(.+)$", f.read(), re.MULTILINE)
-    except OSError:
-        return frozenset()
-    return frozenset(found.group(1).split()) if found else frozenset()
 
 
 def default_dtype(device: torch.device, model_dir: Path | None = None) -> str:

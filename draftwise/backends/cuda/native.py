@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from draftwise.core.device import cpu_name
+from draftwise.core.device import cpu_flags, cpu_name
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "attention.c"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
@@ -60,8 +60,6 @@ def _build(cc: str) -> Path | None:
         return None
     # -march=native: one build per CPU model and feature set (a shared home directory may
     # see several machines; a binary with instructions a CPU lacks would crash it)
-    from draftwise.backends.cuda.modes import cpu_flags
-
     machine = " ".join((cpu_name(), *sorted(cpu_flags())))
     key = hashlib.sha256(src + " ".join((cc, *FLAGS, machine)).encode())
     out = _cache_dir() / "kernels" / f"attention-{key.hexdigest()[:16]}.so"
