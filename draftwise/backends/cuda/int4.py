@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from draftwise.errors import DraftwiseError
 from draftwise.backends.gguf_q4 import GROUP, Q4
 
+N_MULTIPLE = 16  # torch's CPU int4 packing takes output rows 16 at a time
+
 
 def int4_available() -> bool:
     """Whether this torch has the CPU 4-bit kernel (torch >= 2.5)."""
@@ -59,9 +61,14 @@ class Int4Weight:
                 f"4-bit weight needs codes (N, K) with K a multiple of {GROUP} and "
                 f"(N, K/{GROUP}) scales, got {codes.shape} and {scale.shape}"
             )
-        c = torch.from_numpy(np.ascontiguousarray(codes, np.int32))  # (N, K)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(c, 1)  # (N, K/2)
-        sz = np.stack([scale, zero], axis=-1).transpose(1, 0, 2)  # (K/32, N, 2)
+        pad = (-n) % N_MULTIPLE  # the kernel packs N in multiples of 16: zero rows after
+        if pad:
+            codes = np.concatenate([codes, np.full((pad, k), 8, codes.dtype)])
+            scale = np.concatenate([scale, np.zeros((pad, k // GROUP), scale.dtype)])
+            zero = np.concatenate([zero, np.zeros((pad, k // GROUP), zero.dtype)])
+        c = torch.from_numpy(np.ascontiguousarray(codes, np.int32))  # (N', K)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(c, 1)  # (N', K/2)
+        sz = np.stack([scale, zero], axis=-1).transpose(1, 0, 2)  # (K/32, N', 2)
         sz_t = torch.from_numpy(np.ascontiguousarray(sz, np.float32)).to(torch.bfloat16)
         return cls(packed, sz_t.contiguous(), n, k, repeat)
 
@@ -69,7 +76,8 @@ class Int4Weight:
         """(T, K / repeat) bfloat16 -> (T, N) bfloat16."""
         if self.repeat > 1:
             x = x.repeat(1, self.repeat)  # (T, K)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_zeros)
+        return y if y.shape[1] == self.out_features else y[:, : self.out_features]  # (T, N)
 
 
 Weight = torch.Tensor | Int4Weight

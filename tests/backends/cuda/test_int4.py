@@ -80,6 +80,19 @@ def test_quantize_rtn_recovers_grid_weights_and_bounds_the_error():
         quantize_rtn(torch.zeros(4, 40))
 
 
+def test_output_sizes_not_a_multiple_of_16_are_padded():
+    rng = np.random.default_rng(5)
+    q4 = _random_q4(rng, 100, 64)
+    w = Int4Weight.from_codes(*q4)
+    x = torch.randn(7, 64).bfloat16()
+    y = w(x)
+    assert y.shape == (7, 100)
+    sz = w.scales_zeros.float().numpy()[:, :100]  # (K/32, N, 2) bf16-rounded
+    ref = x.float() @ torch.from_numpy(dequantize((q4[0], sz[..., 0].T.copy(), sz[..., 1].T.copy()))).T
+    assert torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+    assert torch.equal(w(x[:1]), y[:1])
+
+
 def test_from_codes_refuses_bad_shapes():
     with pytest.raises(DraftwiseError, match="multiple of 32"):
         Int4Weight.from_codes(np.zeros((4, 40), np.uint8), np.zeros((4, 1)), np.zeros((4, 1)))
