@@ -1,7 +1,7 @@
 """4-bit weights for the torch backend on CPU: the ``4bit`` mode's linear layers.
 
 A weight is ``scale * (code - 8) + zero`` per block of 32 inputs (``backends/gguf_q4.py``):
-a Q4_0 / Q4_1 GGUF's own codes, exactly, or, for any other checkpoint, round-to-nearest
+a Q4_0 / Q4_1 / Q4_K GGUF's own codes, exactly, or, for a model with no GGUF, round-to-nearest
 codes between each block's min and max (what ``mlx_lm.convert -q`` does, with groups of
 32: a slightly different model). The matmul is torch's ``_weight_int4pack_mm_for_cpu``:
 bfloat16 activations and scales, the weights dequantised in float32 inside the kernel. It
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from draftwise.errors import DraftwiseError
 from draftwise.backends.gguf_q4 import GROUP, Q4
+from draftwise.errors import DraftwiseError
 
 N_MULTIPLE = 16  # torch's CPU int4 packing takes output rows 16 at a time
 

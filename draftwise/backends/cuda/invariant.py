@@ -45,6 +45,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from draftwise.backends.cuda.native import native_attention
 from draftwise.core.keyplan import BLOCK, key_blocks
 
 MAX_ROWS = 32  # rows per forward: the bf16 lm_head GEMM is row-invariant only up to 32
@@ -109,8 +110,6 @@ def plan_attention(q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int) -> t
     """(H, T, D) queries over one layer's cache following ``plan``: the native kernel when
     the plan carries it, else ``block_attention``. Returns (T, H D) float32."""
     if plan.native is not None:
-        from draftwise.backends.cuda.native import native_attention
-
         assert plan.extra is not None and plan.n_extra is not None
         return native_attention(plan.native, q, kv, plan.committed, plan.extra, plan.n_extra)
     return block_attention(q, kv, plan, rep)

@@ -32,17 +32,14 @@ from pathlib import Path
 import torch
 
 from draftwise.core.device import cpu_flags, cpu_name
+from draftwise.core.paths import cache_dir
+from draftwise.errors import DraftwiseError
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "attention.c"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("DRAFTWISE_CACHE_DIR")
-    return Path(base) if base else Path.home() / ".cache" / "draftwise"
 
 
 def _compiler() -> str | None:
@@ -62,14 +59,14 @@ def _build(cc: str) -> Path | None:
     # see several machines; a binary with instructions a CPU lacks would crash it)
     machine = " ".join((cpu_name(), *sorted(cpu_flags())))
     key = hashlib.sha256(src + " ".join((cc, *FLAGS, machine)).encode())
-    out = _cache_dir() / "kernels" / f"attention-{key.hexdigest()[:16]}.so"
-    if out.is_file():
-        return out
     try:
+        out = cache_dir() / "kernels" / f"attention-{key.hexdigest()[:16]}.so"
+        if out.is_file():
+            return out
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".attention-", suffix=".so", dir=out.parent)
         os.close(fd)
-    except OSError:  # a read-only cache
+    except (OSError, DraftwiseError):  # a read-only cache
         return None
     try:
         done = subprocess.run(

@@ -93,3 +93,14 @@ def test_padding_rows_copy_row_zero(lib):
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("DRAFTWISE_NATIVE", "0")
     assert native.attention_lib() is None
+
+
+def test_the_build_lands_in_the_draftwise_cache(lib, tmp_path, monkeypatch):
+    """Built once per machine into cache_dir()/kernels (the one cache-dir rule of every
+    layer: $DRAFTWISE_CACHE_DIR, else $XDG_CACHE_HOME/draftwise), temp file then rename."""
+    monkeypatch.delenv("DRAFTWISE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    out = native._build(native._compiler())
+    assert out is not None and out.parent == tmp_path / "draftwise" / "kernels"
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temp file left
+    assert native._build(native._compiler()) == out  # reused, not rebuilt
