@@ -108,11 +108,19 @@ def test_cli_generate_4bit(default_model_dir: Path) -> None:
     assert r.stdout.strip()
 
 
-def test_shipped_redrafter_and_auto_lossless(mlx_model) -> None:  # type: ignore[no-untyped-def]
+def test_shipped_redrafter_and_auto_lossless(mlx_model, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The shipped ReDrafter checkpoint runs in MLX (its forward in MLX) and, alone or as
-    ``auto``'s member, keeps MLX float32 output equal to plain decoding."""
+    ``auto``'s member, keeps MLX float32 output equal to plain decoding. ``auto`` plans
+    with a given flat cost curve: measured live on mlx[cpu] (reference BLAS, a busy CI
+    machine) the curve can make every one of 32 steps plain, and then nothing is drafted
+    to check (seen once in CI)."""
     import draftwise
+    from draftwise.core.costmodel import CostModel
+    from draftwise.drafting.assets import Assets
     from draftwise.drafting.redrafter import SHIPPED
+
+    flat = CostModel(rows=[1, 64], ms=[10.0, 11.0])
+    monkeypatch.setattr(Assets, "cost_profile", lambda self, quiet=False, reps=3, sampling=False: flat)
 
     if not (SHIPPED / "config.json").is_file():
         pytest.skip("no shipped ReDrafter checkpoint")
