@@ -1,4 +1,4 @@
-"""The batch-invariant mode's attention as one small C function per layer (CPU).
+"""Compiled CPU kernels: the batch-invariant attention and the 4bit mode's matmul.
 
 ``csrc/attention.c`` computes each (row, head) start to end in one thread, over the row's
 logical key list (the committed cache, then its tree ancestors and itself) in a fixed
@@ -6,11 +6,17 @@ order, so a row's bits never depend on the other rows: invariant by construction
 call per layer instead of the ~45 torch ops of ``invariant.block_attention``. Measured on
 this project's CPU: see ``tests/backends/cuda/test_native.py`` and the README.
 
-It is compiled once per machine with the system C compiler (``cc``, ``-O3 -march=native
--fopenmp``, well under a second) into ``cache_dir()/kernels/`` (temp file, then rename)
-and called through ``ctypes``. Without a compiler, or with ``DRAFTWISE_NATIVE=0``, the
-backend keeps ``block_attention`` (other bits, equally invariant; one backend never mixes
-the two).
+``csrc/int4.c`` multiplies bfloat16 activations by 4-bit weights with avx512_bf16 dot
+products, each output element start to end in one thread: row-invariant too (see
+``int4.py``); on a CPU without avx512_bf16 it reports itself unavailable
+(``int4_lib()`` is None) and the 4bit mode keeps torch's kernel.
+
+Both are compiled into one library, once per machine, with the system C compiler (``cc``,
+``-O3 -march=native -fopenmp``, about a second) into ``cache_dir()/kernels/`` (temp file,
+then rename) and called through ``ctypes``. Without a compiler, or with
+``DRAFTWISE_NATIVE=0``, the backend keeps ``block_attention`` and torch's int4 kernel
+(other bits, equally invariant; the choice is made once per process, so one backend never
+mixes the two).
 
 Example::
 
@@ -35,7 +41,7 @@ from draftwise.core.device import cpu_flags, cpu_name
 from draftwise.core.paths import cache_dir
 from draftwise.errors import DraftwiseError
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "attention.c"
+SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / f for f in ("attention.c", "int4.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -50,27 +56,27 @@ def _compiler() -> str | None:
 
 
 def _build(cc: str) -> Path | None:
-    """Compile the kernel (once per source, flags and machine) and return the .so path."""
+    """Compile the kernels (once per source, flags and machine) and return the .so path."""
     try:
-        src = SOURCE.read_bytes()
-    except OSError:  # an install without the C source
+        src = b"".join(f.read_bytes() for f in SOURCES)
+    except OSError:  # an install without the C sources
         return None
     # -march=native: one build per CPU model and feature set (a shared home directory may
     # see several machines; a binary with instructions a CPU lacks would crash it)
     machine = " ".join((cpu_name(), *sorted(cpu_flags())))
     key = hashlib.sha256(src + " ".join((cc, *FLAGS, machine)).encode())
     try:
-        out = cache_dir() / "kernels" / f"attention-{key.hexdigest()[:16]}.so"
+        out = cache_dir() / "kernels" / f"native-{key.hexdigest()[:16]}.so"
         if out.is_file():
             return out
         out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".attention-", suffix=".so", dir=out.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".native-", suffix=".so", dir=out.parent)
         os.close(fd)
     except (OSError, DraftwiseError):  # a read-only cache
         return None
     try:
         done = subprocess.run(
-            [cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, timeout=120
+            [cc, *FLAGS, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, timeout=120
         )
         if done.returncode != 0:
             return None
@@ -85,7 +91,7 @@ def _build(cc: str) -> Path | None:
 
 
 def attention_lib() -> ctypes.CDLL | None:
-    """The compiled kernel, built on first use; None where it cannot be (no compiler,
+    """The compiled kernels, built on first use; None where they cannot be (no compiler,
     a failed build, ``DRAFTWISE_NATIVE=0``)."""
     global _lib, _tried
     if os.environ.get("DRAFTWISE_NATIVE", "1") == "0":
@@ -106,10 +112,41 @@ def attention_lib() -> ctypes.CDLL | None:
                         ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
                         ctypes.c_int,
                     ]
+                    lib.dw_int4_ok.restype = ctypes.c_int
+                    lib.dw_int4_ok.argtypes = []
+                    mm = lib.dw_int4_mm
+                    mm.restype = ctypes.c_int
+                    mm.argtypes = [
+                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
+                    ]
                     _lib = lib
                 except OSError:
                     _lib = None
         return _lib
+
+
+def int4_lib() -> ctypes.CDLL | None:
+    """The compiled 4-bit matmul, or None (no compiler, ``DRAFTWISE_NATIVE=0``, or a CPU
+    without avx512_bf16)."""
+    lib = attention_lib()
+    return lib if lib is not None and lib.dw_int4_ok() == 1 else None
+
+
+def native_int4_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """(T, K) bfloat16 times a packed 4-bit weight (N / 16, K / 32, 320) uint8 (see
+    ``int4.pack_native``): (T, N) bfloat16."""
+    t, k = x.shape
+    tiles, blocks, nbytes = packed.shape
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or blocks * 32 != k:
+        raise ValueError(f"native int4 needs (T, {blocks * 32}) bfloat16 on CPU, got {tuple(x.shape)} {x.dtype}")
+    x = x.contiguous()
+    y = torch.empty((t, tiles * 16), dtype=torch.bfloat16)  # (T, N)
+    if t and lib.dw_int4_mm(
+        x.data_ptr(), t, k, packed.data_ptr(), tiles * 16, y.data_ptr(), torch.get_num_threads()
+    ):
+        raise MemoryError("native int4 could not allocate its block sums")
+    return y
 
 
 def native_attention(
