@@ -120,6 +120,9 @@ def attention_lib() -> ctypes.CDLL | None:
                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
                     ]
+                    q8 = lib.dw_q8_mm
+                    q8.restype = ctypes.c_int
+                    q8.argtypes = mm.argtypes
                     _lib = lib
                 except OSError:
                     _lib = None
@@ -134,15 +137,16 @@ def int4_lib() -> ctypes.CDLL | None:
 
 
 def native_int4_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """(T, K) bfloat16 times a packed 4-bit weight (N / 16, K / 32, 320) uint8 (see
-    ``int4.pack_native``): (T, N) bfloat16."""
+    """(T, K) bfloat16 times a packed weight: 4-bit (N / 16, K / 32, 320) uint8 or Q8_0
+    (N / 16, K / 32, 544) (see ``int4.pack_native``, ``int4.pack_q8``): (T, N) bfloat16."""
     t, k = x.shape
     tiles, blocks, nbytes = packed.shape
+    fn = lib.dw_int4_mm if nbytes == 320 else lib.dw_q8_mm
     if x.dtype != torch.bfloat16 or x.device.type != "cpu" or blocks * 32 != k:
         raise ValueError(f"native int4 needs (T, {blocks * 32}) bfloat16 on CPU, got {tuple(x.shape)} {x.dtype}")
     x = x.contiguous()
     y = torch.empty((t, tiles * 16), dtype=torch.bfloat16)  # (T, N)
-    if t and lib.dw_int4_mm(
+    if t and fn(
         x.data_ptr(), t, k, packed.data_ptr(), tiles * 16, y.data_ptr(), torch.get_num_threads()
     ):
         raise MemoryError("native int4 could not allocate its block sums")

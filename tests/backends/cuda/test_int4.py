@@ -14,6 +14,7 @@ from draftwise.backends.cuda.int4 import (  # noqa: E402
     int4_available,
     linear,
     pack_native,
+    q8_of_split,
     quantize_rtn,
 )
 from draftwise.errors import DraftwiseError  # noqa: E402
@@ -221,7 +222,13 @@ def test_4bit_speculative_output_equals_plain(default_model_dir):
     model = draftwise.load(default_model_dir, backend="torch", dtype="4bit")
     assert model.backend.name == "torch-cpu-4bit-invariant"
     assert isinstance(model.backend.model.layers[0].w13, Int4Weight)
-    assert model.backend.model.head_q is not None and model.backend.model.head_q.repeat == 2
+    head = model.backend.model.head_q
+    assert head is not None
+    # the Q8_0 head: two 4-bit halves for torch's kernel, Q8_0 tiles for the native one
+    if head.lib is None:
+        assert head.repeat == 2
+    else:
+        assert head.repeat == 1 and head.packed.shape[-1] == 544
     for text in OWN_PROMPTS[:3]:
         plain = draftwise.generate(model, text, max_tokens=48, drafter="none")
         for spec in ("cacheback", "auto"):
@@ -245,3 +252,41 @@ def test_4bit_seeded_sampling_equals_plain(default_model_dir):
                 last = r
             runs[spec] = last.token_ids
         assert len(runs["none"]) > 0 and runs["auto"] == runs["none"]
+
+
+def test_q8_of_split_recovers_the_q8_codes():
+    rng = np.random.default_rng(11)
+    q8 = rng.integers(-128, 128, (32, 64)).astype(np.int8)
+    d = rng.random((32, 2)).astype(np.float16).astype(np.float32)
+    back = q8_of_split(*split_q8(q8, d))
+    assert back is not None
+    assert np.array_equal(back[0], q8) and np.array_equal(back[1], d)
+    codes, scale, zero = split_q8(q8, d)
+    assert q8_of_split(codes, scale, zero + 1) is None  # not a split: stays 4-bit
+
+
+@pytest.mark.skipif(native.int4_lib() is None, reason="no compiled int4 kernel (C compiler, avx512_bf16)")
+def test_native_q8_head_equals_its_weights_and_is_row_invariant():
+    """A split Q8_0 head runs as Q8_0 in the native kernel: the same product as the dense
+    weights d * q8 (to bfloat16 output rounding), each row's bits independent of the rows
+    beside it and of the thread count."""
+    rng = np.random.default_rng(12)
+    q8 = rng.integers(-128, 128, (160, 576)).astype(np.int8)
+    d = (rng.random((160, 18)) * 0.01).astype(np.float16).astype(np.float32)
+    w = Int4Weight.from_codes(*split_q8(q8, d), repeat=2, kernel="native")
+    assert w.packed.shape == (10, 18, 544) and w.repeat == 1
+    x = torch.randn(40, 576).bfloat16()
+    dense = torch.from_numpy(np.repeat(d, GROUP, 1) * q8.astype(np.float32))  # (N, K)
+    ref = (x.double() @ dense.double().T).float()
+    y = w(x)
+    assert torch.allclose(y.float(), ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        alone = torch.cat([w(x[i : i + 1]) for i in range(40)])
+        for m in (2, 7, 8, 9, 16, 40):
+            assert torch.equal(w(x[:m]), alone[:m])
+        torch.set_num_threads(1)
+        assert torch.equal(w(x[:9]), alone[:9])
+    finally:
+        torch.set_num_threads(old)

@@ -104,3 +104,23 @@ def test_the_build_lands_in_the_draftwise_cache(lib, tmp_path, monkeypatch):
     assert out is not None and out.parent == tmp_path / "draftwise" / "kernels"
     assert [p.name for p in out.parent.iterdir()] == [out.name]  # no temp file left
     assert native._build(native._compiler()) == out  # reused, not rebuilt
+
+
+@pytest.mark.parametrize("d", [40, 64, 128])
+def test_every_head_size_agrees_with_a_float64_softmax(lib, d):
+    """Head sizes that are multiples of 16 take the vectorised path, others the plain C
+    loop: both equal softmax(q k^T / sqrt(d)) v over the row's key list."""
+    rng = np.random.default_rng(d)
+    committed = 37
+    rows = _rows(committed, 9, rng)
+    g = torch.Generator().manual_seed(d)
+    kv = torch.randn(2, HKV, 128, d, generator=g)
+    q = torch.randn(H, len(rows), d, generator=g).bfloat16()
+    plan = make_plan(committed, rows, torch.device("cpu"), lib)
+    got = native.native_attention(lib, q, kv, committed, *_extra(plan)).view(len(rows), H, d)
+    for i, r in enumerate(rows):
+        keys = [*range(committed), *r]
+        for h in range(H):
+            k, v = kv[0, h // (H // HKV), keys].double(), kv[1, h // (H // HKV), keys].double()
+            p = torch.softmax(k @ q[h, i].double() * d**-0.5, dim=0)
+            assert torch.allclose(got[i, h].double(), p @ v, rtol=1e-4, atol=1e-5), (i, h)

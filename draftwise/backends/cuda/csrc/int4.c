@@ -109,9 +109,76 @@ int dw_int4_mm(const uint16_t *x, int64_t t, int64_t k, const uint8_t *packed, i
     return 0;
 }
 
+/* Q8_0 weights (an output head): y[r, n] = sum_b d[n, b] * sum_k x[r, k] q[n, k], q int8.
+ * A tile is 16 outputs x 32 inputs, 544 bytes: 16 groups of 32 int8 codes (group p: for
+ * output i = w / 2, input 2p + w % 2), then 16 float16 scales. int8 codes are exact in
+ * bfloat16 (8 significant bits); they are converted through float32. */
+#define Q8_TILE_BYTES 544
+
+static inline __attribute__((always_inline)) void q8_tile_rows(
+    const uint8_t *tile, int nblk, const uint16_t *x, int64_t k, int rb, uint16_t *y,
+    int64_t ldy) {
+    __m512 tot[ROWS];
+    for (int r = 0; r < ROWS; r++) tot[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nblk; b++) {
+        const uint8_t *c = tile + (int64_t)b * Q8_TILE_BYTES;
+        __m512 acc[ROWS];
+        for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+        for (int p = 0; p < 16; p++) {
+            __m128i c0 = _mm_loadu_si128((const __m128i *)(c + 32 * p));
+            __m128i c1 = _mm_loadu_si128((const __m128i *)(c + 32 * p + 16));
+            __m512 f0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c0));
+            __m512 f1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c1));
+            __m512bh w = _mm512_cvtne2ps_pbh(f1, f0); /* words 0..15 from f0 */
+            for (int r = 0; r < ROWS; r++) {
+                if (r >= rb) break;
+                __m512i xp = _mm512_set1_epi32(*(const int32_t *)(x + r * k + 32 * (int64_t)b + 2 * p));
+                acc[r] = _mm512_dpbf16_ps(acc[r], w, (__m512bh)xp);
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 512)));
+        for (int r = 0; r < ROWS; r++) {
+            if (r >= rb) break;
+            tot[r] = _mm512_fmadd_ps(acc[r], d, tot[r]);
+        }
+    }
+    for (int r = 0; r < ROWS; r++) {
+        if (r >= rb) break;
+        _mm256_storeu_si256((__m256i *)(y + r * ldy), (__m256i)_mm512_cvtneps_pbh(tot[r]));
+    }
+}
+
+#define QCASE(n) case n: q8_tile_rows(tile, nblk, x, k, n, y, ldy); break;
+static void q8_tile_any(const uint8_t *tile, int nblk, const uint16_t *x, int64_t k, int rb,
+                        uint16_t *y, int64_t ldy) {
+    switch (rb) { QCASE(1) QCASE(2) QCASE(3) QCASE(4) QCASE(5) QCASE(6) QCASE(7) QCASE(8) }
+}
+
+/* x (T, K) bfloat16, packed (N / 16, K / 32, 544) bytes, y (T, N) bfloat16. */
+int dw_q8_mm(const uint16_t *x, int64_t t, int64_t k, const uint8_t *packed, int64_t n,
+             uint16_t *y, int threads) {
+    int nblk = (int)(k / 32);
+    int64_t tiles = n / 16;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && tiles > 1)
+    for (int64_t j = 0; j < tiles; j++) {
+        const uint8_t *tile = packed + j * (int64_t)nblk * Q8_TILE_BYTES;
+        for (int64_t r0 = 0; r0 < t; r0 += ROWS) {
+            int rb = (int)(t - r0 < ROWS ? t - r0 : ROWS);
+            q8_tile_any(tile, nblk, x + r0 * k, k, rb, y + r0 * n + 16 * j, n);
+        }
+    }
+    return 0;
+}
+
 #else
 
 int dw_int4_ok(void) { return 0; }
+
+int dw_q8_mm(const uint16_t *x, int64_t t, int64_t k, const uint8_t *packed, int64_t n,
+             uint16_t *y, int threads) {
+    (void)x; (void)t; (void)k; (void)packed; (void)n; (void)y; (void)threads;
+    return 2;
+}
 
 int dw_int4_mm(const uint16_t *x, int64_t t, int64_t k, const uint8_t *packed, int64_t n,
                uint16_t *y, int threads) {
