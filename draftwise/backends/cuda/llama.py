@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from draftwise.backends.cuda.fused import FusedForward
 from draftwise.backends.cuda.int4 import Int4Weight, Weight, fuse_q4, linear, quantize_rtn
 from draftwise.backends.cuda.invariant import Plan, plan_attention
 from draftwise.backends.gguf_q4 import HEAD, Q4, FourBit, dequantize
@@ -309,6 +310,8 @@ class Llama:
                 dtype=self.cache_dtype,
                 device=device,
             )  # (L, 2, H_kv, T_max, D)
+            # the 4bit mode's verify as one compiled call, where it applies (fused.py)
+            self.fused = FusedForward.build(self) if self.int4 else None
 
     @classmethod
     def load(
@@ -352,6 +355,14 @@ class Llama:
         cfg = self.cfg
         t = tokens.shape[0]
         w = t if n_write is None else n_write
+        if (
+            self.fused is not None
+            and plan is not None
+            and plan.native is not None
+            and plan.extra.shape[0] == t  # no padding rows
+        ):
+            self.last_x, xn = self.fused(tokens, positions, start, plan, w)  # (T, C) x 2
+            return self.logits(xn) if need_logits else None
         end = start + t
         h, hkv, d, rep = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.n_rep
         cos = self.cos[positions].unsqueeze(1)  # (T, 1, D)

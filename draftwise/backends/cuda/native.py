@@ -41,7 +41,9 @@ from draftwise.core.device import cpu_flags, cpu_name
 from draftwise.core.paths import cache_dir
 from draftwise.errors import DraftwiseError
 
-SOURCES = tuple(Path(__file__).resolve().parent / "csrc" / f for f in ("attention.c", "int4.c"))
+SOURCES = tuple(
+    Path(__file__).resolve().parent / "csrc" / f for f in ("attention.c", "int4.c", "forward.c")
+)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -123,6 +125,17 @@ def attention_lib() -> ctypes.CDLL | None:
                     q8 = lib.dw_q8_mm
                     q8.restype = ctypes.c_int
                     q8.argtypes = mm.argtypes
+                    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+                    fw = lib.dw_forward
+                    fw.restype = ctypes.c_int
+                    fw.argtypes = [
+                        i32, i32, i32, i32, i32, i32, ctypes.c_float,  # sizes, eps
+                        p, i32, p, p,  # x_in, t, cos, sin
+                        p, p, p, p, p, p, p,  # weights, norms, final norm
+                        p, i64, i64, i64, i32,  # cache, layer stride, tmax, start, n_write
+                        i64, p, p, i32,  # committed, extra, n_extra, e
+                        p, p, i32,  # last_x, xn, threads
+                    ]
                     _lib = lib
                 except OSError:
                     _lib = None

@@ -1,0 +1,71 @@
+"""The 4bit mode's fused forward (``fused.py``, ``csrc/forward.c``): it is what a native
+4bit model verifies with, it computes the same model as the torch forward (to bfloat16
+rounding), and a row's bits do not depend on the thread count. Row invariance against the
+batch is checked by ``test_invariant.py``'s 4bit cases, which run this path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from draftwise.backends.cuda import TorchBackend, native  # noqa: E402
+from draftwise.backends.cuda.fused import FusedForward  # noqa: E402
+from draftwise.core.tree import DraftTree  # noqa: E402
+from tests.backends.cuda.test_torch_backend import _save_tiny  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    native.int4_lib() is None, reason="no compiled int4 kernel (C compiler, avx512_bf16)"
+)
+
+
+def _backend(model_dir, fused: bool) -> TorchBackend:
+    be = TorchBackend.from_pretrained(model_dir, dtype="4bit", device="cpu", max_cache_len=512)
+    assert be.model.fused is not None
+    if not fused:
+        be.model.fused = None  # the torch ops, same weights and kernels
+    return be
+
+
+def _verify(be: TorchBackend, ctx: np.ndarray, tree: DraftTree) -> np.ndarray:
+    be.prefill(ctx[:-1])
+    out = be.verify(int(ctx[-1]), tree, need_logits=True)
+    assert out.logits is not None
+    return out.logits
+
+
+def test_fused_equals_the_torch_forward_on_the_default_model(default_model_dir):
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(0, 49152, 200)
+    tree = DraftTree.chain(rng.integers(0, 49152, 11).tolist())
+    got = _verify(_backend(default_model_dir, True), ctx, tree)  # (12, V)
+    want = _verify(_backend(default_model_dir, False), ctx, tree)
+    # float32 residual and fewer bf16 roundings than the torch ops: close, not equal
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() < 0.05 * scale
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 11 / 12
+
+
+def test_fused_rows_do_not_depend_on_the_thread_count(tmp_path):
+    model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+    rng = np.random.default_rng(3)
+    ctx = rng.integers(0, 97, 40)
+    tree = DraftTree.chain(rng.integers(0, 97, 9).tolist())
+    old = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(_verify(_backend(model_dir, True), ctx, tree))
+    finally:
+        torch.set_num_threads(old)
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_not_built_without_the_native_kernel(tmp_path, monkeypatch):
+    model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_tried", True)  # as where no compiler is found
+    be = TorchBackend.from_pretrained(model_dir, dtype="4bit", device="cpu", max_cache_len=64)
+    assert be.model.fused is None and FusedForward.build(be.model) is None
