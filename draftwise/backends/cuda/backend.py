@@ -282,12 +282,15 @@ class TorchBackend(CacheBook, BatchMixin):
     def _finish(self, logits: torch.Tensor, need_logits: bool) -> Verified:
         """Argmax (and logits when asked for) of the verified rows, on the host."""
         with torch.inference_mode():
-            argmax = logits.argmax(dim=-1)  # (N+1,)
             if self.device.type == "cpu":
-                # Already on the host: .numpy() shares memory, no copy at all.
-                am = argmax.numpy()
-                lg = logits.float().numpy() if need_logits else None
-                return Verified(argmax=am, logits=lg)
+                # Already on the host: .numpy() shares memory, no copy at all. torch's CPU
+                # argmax over bfloat16 is slow (0.15 ms a row, 8 ms for 8 rows on 2 threads
+                # on this project's CPU); over the exact float32 copy it is 0.03 ms a row,
+                # with the same answer (first index of the maximum).
+                lf = logits.float()  # (N+1, V)
+                am = lf.argmax(dim=-1).numpy()  # (N+1,)
+                return Verified(argmax=am, logits=lf.numpy() if need_logits else None)
+            argmax = logits.argmax(dim=-1)  # (N+1,)
             if not need_logits:
                 return Verified(argmax=argmax.cpu().numpy())
             # One transfer: argmax rides along as an extra float32 column (exact: V < 2^24).
