@@ -10,10 +10,11 @@ Two kernels, one chosen per process (``native.int4_lib()``):
 - **native** (a CPU with avx512_bf16 and a C compiler): ``csrc/int4.c``, bfloat16
   activations times the codes as exact bfloat16 numbers with ``vdpbf16ps``, per-block
   float16 scale and min applied in float32. A Q8_0 head handed over as ``split_q8``'s two
-  4-bit halves is recognised and multiplied as Q8_0 (half the dot products). Each weight tile is unpacked once for up to 8
-  rows, so extra rows cost dot products only: measured on this project's CPU (AMD EPYC,
-  2 threads, cache-hot, the 3072 x 576 gate/up weight) 0.014 / 0.028 / 0.089 ms at 1 / 4
-  / 16 rows, against torch's kernel's 0.027 / 0.13 / 0.34.
+  4-bit halves is recognised and multiplied as Q8_0 (half the dot products). Each weight
+  tile is unpacked once for up to 16 rows, so extra rows cost dot products only: measured
+  on this project's CPU (AMD EPYC, 2 threads, cache-hot, the 3072 x 576 gate/up weight)
+  0.013 / 0.027 / 0.076 ms at 1 / 4 / 16 rows (~1.9 dot products per cycle per core at
+  16), against torch's kernel's 0.027 / 0.13 / 0.34.
 - **torch**: ``_weight_int4pack_mm_for_cpu``: bfloat16 scales, the weights dequantised in
   float32 inside the kernel, cost linear in the rows past 4.
 
