@@ -41,9 +41,9 @@ from draftwise.core.device import cpu_flags, cpu_name
 from draftwise.core.paths import cache_dir
 from draftwise.errors import DraftwiseError
 
-SOURCES = tuple(
-    Path(__file__).resolve().parent / "csrc" / f for f in ("attention.c", "int4.c", "forward.c")
-)
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = tuple(CSRC / f for f in ("attention.c", "int4.c", "forward.c"))
+HEADERS = (CSRC / "vec.h",)  # not compiled on their own, but part of the build's key
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -60,7 +60,7 @@ def _compiler() -> str | None:
 def _build(cc: str) -> Path | None:
     """Compile the kernels (once per source, flags and machine) and return the .so path."""
     try:
-        src = b"".join(f.read_bytes() for f in SOURCES)
+        src = b"".join(f.read_bytes() for f in (*SOURCES, *HEADERS))
     except OSError:  # an install without the C sources
         return None
     # -march=native: one build per CPU model and feature set (a shared home directory may

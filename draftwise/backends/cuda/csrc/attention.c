@@ -71,56 +71,56 @@ static void one_row_head(const float *qv, const float *K, const float *V, int64_
 }
 
 #if defined(__AVX512F__)
-#include <immintrin.h>
-#define MAX_VECS 16 /* head sizes up to 256 */
+#include "vec.h"
 
-/* dw_exp on 16 lanes: the same arithmetic, lane by lane. */
-static inline __m512 dw_exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 shift = _mm512_set1_ps(12582912.0f);
-    __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), shift), shift);
-    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+/* 16 vectors -> one: lane u of the result is the sum of a[u]'s 16 lanes (a fixed
+ * transpose-and-add tree). */
+static inline __m512 sum16x16(const __m512 *a) {
+    __m512 b[8], c[4];
+    for (int u = 0; u < 8; u++)
+        b[u] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * u], a[2 * u + 1]),
+                             _mm512_unpackhi_ps(a[2 * u], a[2 * u + 1]));
+    for (int u = 0; u < 4; u++) {
+        __m512d x = _mm512_castps_pd(b[2 * u]), y = _mm512_castps_pd(b[2 * u + 1]);
+        c[u] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    /* each 128-bit lane of c[u] now holds keys 4u..4u+3, partial over that lane */
+    __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+    __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
 }
 
-/* one_row_head for head sizes that are multiples of 16: the query and the output live in
- * registers, each key's dot product is nv fused multiply-adds and one fixed-order
- * horizontal sum, softmax and p @ V run 16 lanes at a time. Per (row, head) the
- * instruction sequence depends only on that row's own key list. */
-static void one_row_head_vec(const float *qv, const float *K, const float *V,
-                             int64_t committed, const int64_t *extra, int64_t n_extra,
-                             int d, float *s, float *o) {
+/* one_row_head for head sizes 16 NV (NV a compile-time constant, so the query, the output
+ * and the accumulators stay in registers). Scores: keys 16 at a time, each key's NV
+ * fused multiply-adds then sum16x16; the keys after the last full 16 one by one. p @ V:
+ * four accumulator sets (key j into set j % 4) summed in a fixed order at the end. Per
+ * (row, head) the instruction sequence depends only on that row's own key list. */
+static inline __attribute__((always_inline)) void row_head_nv(
+    const float *qv, const float *K, const float *V, int64_t committed, const int64_t *extra,
+    int64_t n_extra, float *s, float *o, const int NV) {
+    const int d = 16 * NV;
     int64_t len = committed + n_extra;
-    int nv = d / 16;
-    __m512 q[MAX_VECS];
-    for (int v = 0; v < nv; v++) q[v] = _mm512_loadu_ps(qv + 16 * v);
-    __m512 mx = _mm512_set1_ps(-INFINITY);
+    __m512 q[NV];
+    for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qv + 16 * v);
     int64_t j = 0;
-    for (; j + 4 <= len; j += 4) {
-        __m512 a[4];
-        for (int u = 0; u < 4; u++) {
+    for (; j + 16 <= len; j += 16) {
+        __m512 a[16];
+        for (int u = 0; u < 16; u++) {
             int64_t jj = j + u;
             const float *k = K + (jj < committed ? jj : extra[jj - committed]) * d;
             a[u] = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
-            for (int v = 1; v < nv; v++) a[u] = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), a[u]);
+            for (int v = 1; v < NV; v++) a[u] = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), a[u]);
         }
-        for (int u = 0; u < 4; u++) s[j + u] = _mm512_reduce_add_ps(a[u]);
+        _mm512_storeu_ps(s + j, sum16x16(a));
     }
     for (; j < len; j++) {
         const float *k = K + (j < committed ? j : extra[j - committed]) * d;
         __m512 a = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
-        for (int v = 1; v < nv; v++) a = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), a);
+        for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), a);
         s[j] = _mm512_reduce_add_ps(a);
     }
+    __m512 mx = _mm512_set1_ps(-INFINITY);
     for (j = 0; j < len; j += 16) {
         __mmask16 msk = len - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j)) - 1);
         mx = _mm512_mask_max_ps(mx, msk, mx, _mm512_maskz_loadu_ps(msk, s + j));
@@ -135,15 +135,40 @@ static void one_row_head_vec(const float *qv, const float *K, const float *V,
         sum = _mm512_add_ps(sum, e);
     }
     float inv = 1.0f / _mm512_reduce_add_ps(sum);
-    __m512 acc[MAX_VECS];
-    for (int v = 0; v < nv; v++) acc[v] = _mm512_setzero_ps();
-    for (j = 0; j < len; j++) {
+    __m512 acc[4][NV];
+    for (int w = 0; w < 4; w++)
+        for (int v = 0; v < NV; v++) acc[w][v] = _mm512_setzero_ps();
+    for (j = 0; j + 4 <= len; j += 4)
+        for (int w = 0; w < 4; w++) {
+            int64_t jj = j + w;
+            const float *vv = V + (jj < committed ? jj : extra[jj - committed]) * d;
+            __m512 p = _mm512_set1_ps(s[jj]);
+            for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vv + 16 * v), acc[w][v]);
+        }
+    for (int w = 0; j < len; j++, w++) {
         const float *vv = V + (j < committed ? j : extra[j - committed]) * d;
         __m512 p = _mm512_set1_ps(s[j]);
-        for (int v = 0; v < nv; v++) acc[v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vv + 16 * v), acc[v]);
+        for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vv + 16 * v), acc[w][v]);
     }
     __m512 iv = _mm512_set1_ps(inv);
-    for (int v = 0; v < nv; v++) _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(acc[v], iv));
+    for (int v = 0; v < NV; v++) {
+        __m512 t = _mm512_add_ps(_mm512_add_ps(acc[0][v], acc[1][v]), _mm512_add_ps(acc[2][v], acc[3][v]));
+        _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(t, iv));
+    }
+}
+
+#define NV_CASE(n) case n: row_head_nv(qv, K, V, committed, extra, n_extra, s, o, n); return 1;
+/* The vectorised path for head sizes 16..256 in steps of 16; 0 when d is not one. */
+static int one_row_head_vec(const float *qv, const float *K, const float *V,
+                            int64_t committed, const int64_t *extra, int64_t n_extra, int d,
+                            float *s, float *o) {
+    if (d % 16) return 0;
+    switch (d / 16) {
+        NV_CASE(1) NV_CASE(2) NV_CASE(3) NV_CASE(4) NV_CASE(5) NV_CASE(6) NV_CASE(7)
+        NV_CASE(8) NV_CASE(9) NV_CASE(10) NV_CASE(11) NV_CASE(12) NV_CASE(13) NV_CASE(14)
+        NV_CASE(15) NV_CASE(16)
+    }
+    return 0;
 }
 #endif
 
@@ -169,11 +194,9 @@ int dw_attention(const float *q, const float *cache, int64_t tmax, int h, int hk
             const float *K = cache + ((int64_t)g * tmax) * d;
             const float *V = cache + ((int64_t)(hkv + g) * tmax) * d;
 #if defined(__AVX512F__)
-            if (d % 16 == 0 && d <= 16 * MAX_VECS) {
-                one_row_head_vec(q + th * d, K, V, committed, extra + (int64_t)i * e, n_extra[i],
-                                 d, s, out + th * d);
+            if (one_row_head_vec(q + th * d, K, V, committed, extra + (int64_t)i * e,
+                                 n_extra[i], d, s, out + th * d))
                 continue;
-            }
 #endif
             one_row_head(q + th * d, K, V, committed, extra + (int64_t)i * e, n_extra[i], d, s,
                          out + th * d);

@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vec.h"
+
 int dw_int4_mm(const uint16_t *x, int64_t t, int64_t k, const uint8_t *packed, int64_t n,
                uint16_t *y, int threads);
 int dw_attention(const float *q, const float *cache, int64_t tmax, int h, int hkv, int d,
@@ -63,6 +65,34 @@ static inline void rope(const uint16_t *x, const float *cs, const float *sn, int
     for (int j = 0; j < d; j++) {
         float rot = j < half ? -from_bf16(x[j + half]) : from_bf16(x[j - half]);
         out[j] = from_bf16(x[j]) * cs[j] + rot * sn[j];
+    }
+}
+
+/* out = bf16(silu(gate) * up) for one row: gate = gu[0 .. f-1], up = gu[f .. 2f-1]. */
+static void swiglu(const uint16_t *gu, int f, uint16_t *out) {
+    int j = 0;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    /* silu(g) = g * sigmoid(g), sigmoid from e = exp(-|g|) (never overflows) */
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; j + 16 <= f; j += 16) {
+        __m512 g = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(gu + j))), 16));
+        __m512 u = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(gu + f + j))), 16));
+        __m512 ag = _mm512_abs_ps(g);
+        __m512 e = dw_exp16(_mm512_sub_ps(_mm512_setzero_ps(), ag));
+        __m512 inv = _mm512_div_ps(one, _mm512_add_ps(one, e));
+        __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+        __m512 sig = _mm512_mask_mul_ps(inv, neg, inv, e); /* g < 0: e / (1 + e) */
+        __m512 y = _mm512_mul_ps(_mm512_mul_ps(g, sig), u);
+        _mm256_storeu_si256((__m256i *)(out + j), (__m256i)_mm512_cvtneps_pbh(y));
+    }
+#endif
+    for (; j < f; j++) { /* the tail, and CPUs without AVX-512 */
+        float g = from_bf16(gu[j]), u = from_bf16(gu[f + j]);
+        float e = expf(-fabsf(g)), inv = 1.0f / (1.0f + e);
+        float sig = g < 0.0f ? inv * e : inv;
+        out[j] = to_bf16(g * sig * u);
     }
 }
 
@@ -113,11 +143,7 @@ int dw_forward(int n_layers, int c, int h, int hkv, int d, int f, float eps,
             rms_norm(x, mlp_norm[l], t, c, eps, hn);
             failed |= dw_int4_mm(hn, t, c, w13[l], 2 * f, big, threads);
             for (int i = 0; i < t; i++)
-                for (int j = 0; j < f; j++) {
-                    float g = from_bf16(big[(int64_t)i * 2 * f + j]);
-                    float u = from_bf16(big[(int64_t)i * 2 * f + f + j]);
-                    act[(int64_t)i * f + j] = to_bf16(g / (1.0f + expf(-g)) * u);
-                }
+                swiglu(big + (int64_t)i * 2 * f, f, act + (int64_t)i * f);
             failed |= dw_int4_mm(act, t, f, w2[l], c, hn, threads);
             for (int64_t i = 0; i < (int64_t)t * c; i++) x[i] += from_bf16(hn[i]);
         }
