@@ -5,7 +5,9 @@
  * then over its own extra slots extra[i, 0 .. n_extra[i]-1] (its tree ancestors and
  * itself, in depth order): exactly the positions a plain one-row step at the same place
  * sees, in the same order. Every (row, head) is computed by one thread, start to end, in
- * that fixed order, with fixed-width partial sums combined in a fixed order, so its bits
+ * that fixed order, with fixed-width partial sums combined in a fixed order (the AVX-512
+ * path runs one head for all rows in a task, sharing the committed prefix's key blocks
+ * while they sit in L1, each row's operations unchanged), so its bits
  * never depend on how many rows are verified together, on the other rows, or on the
  * thread count.
  *
@@ -91,77 +93,123 @@ static inline __m512 sum16x16(const __m512 *a) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
 }
 
-/* one_row_head for head sizes 16 NV (NV a compile-time constant, so the query, the output
- * and the accumulators stay in registers). Scores: keys 16 at a time, each key's NV
- * fused multiply-adds then sum16x16; the keys after the last full 16 one by one. p @ V:
- * four accumulator sets (key j into set j % 4) summed in a fixed order at the end. Per
- * (row, head) the instruction sequence depends only on that row's own key list. */
-static inline __attribute__((always_inline)) void row_head_nv(
-    const float *qv, const float *K, const float *V, int64_t committed, const int64_t *extra,
-    int64_t n_extra, float *s, float *o, const int NV) {
+/* Scores of 16 keys starting at logical position j for one query (NV vectors). */
+static inline __attribute__((always_inline)) __m512 scores16(
+    const __m512 *q, const float *K, int64_t j, int64_t committed, const int64_t *extra,
+    const int NV) {
     const int d = 16 * NV;
-    int64_t len = committed + n_extra;
+    __m512 a[16];
+    for (int u = 0; u < 16; u++) {
+        int64_t jj = j + u;
+        const float *k = K + (jj < committed ? jj : extra[jj - committed]) * d;
+        a[u] = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+        for (int v = 1; v < NV; v++) a[u] = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), a[u]);
+    }
+    return sum16x16(a);
+}
+
+/* One head, all T rows, head size 16 NV (a compile-time constant: the query, the output
+ * and the accumulators stay in registers). Per (row, head) the arithmetic is fixed by that
+ * row's own key list alone:
+ * - scores: keys in blocks of 16 from position 0 (each key's NV fused multiply-adds, then
+ *   sum16x16) while a whole block fits, then the rest one by one;
+ * - softmax over the scores (16 lanes, masked tail);
+ * - p @ V: key j into accumulator set j % 4, in increasing j, the four sets summed in a
+ *   fixed order at the end.
+ * The blocks inside the committed prefix (shared by every row) are computed for all rows
+ * while their 16 keys (or values) sit in L1: the same operations in another order, so the
+ * bits are those of the row computed alone. q and out rows are ld floats apart. */
+static inline __attribute__((always_inline)) void head_rows_nv(
+    const float *qh, int64_t ld, const float *K, const float *V, int64_t committed,
+    const int64_t *extra, int e, const int32_t *n_extra, int t, float *s, int64_t lds,
+    float *accs, float *oh, const int NV) {
+    const int d = 16 * NV;
+    int64_t shared = committed / 16 * 16;
     __m512 q[NV];
-    for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qv + 16 * v);
-    int64_t j = 0;
-    for (; j + 16 <= len; j += 16) {
-        __m512 a[16];
-        for (int u = 0; u < 16; u++) {
-            int64_t jj = j + u;
-            const float *k = K + (jj < committed ? jj : extra[jj - committed]) * d;
-            a[u] = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
-            for (int v = 1; v < NV; v++) a[u] = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), a[u]);
+    for (int64_t j = 0; j < shared; j += 16)
+        for (int r = 0; r < t; r++) {
+            for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qh + r * ld + 16 * v);
+            _mm512_storeu_ps(s + r * lds + j, scores16(q, K, j, committed, NULL, NV));
         }
-        _mm512_storeu_ps(s + j, sum16x16(a));
+    for (int r = 0; r < t; r++) {
+        const int64_t *ex = extra + (int64_t)r * e;
+        float *sr = s + r * lds;
+        int64_t len = committed + n_extra[r], j = shared;
+        for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qh + r * ld + 16 * v);
+        for (; j + 16 <= len; j += 16) _mm512_storeu_ps(sr + j, scores16(q, K, j, committed, ex, NV));
+        for (; j < len; j++) {
+            const float *k = K + (j < committed ? j : ex[j - committed]) * d;
+            __m512 a = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+            for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), a);
+            sr[j] = _mm512_reduce_add_ps(a);
+        }
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (j = 0; j < len; j += 16) {
+            __mmask16 msk = len - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j)) - 1);
+            mx = _mm512_mask_max_ps(mx, msk, mx, _mm512_maskz_loadu_ps(msk, sr + j));
+        }
+        __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+        __m512 sum = _mm512_setzero_ps();
+        for (j = 0; j < len; j += 16) {
+            __mmask16 msk = len - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j)) - 1);
+            __m512 ex16 = dw_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, sr + j), m));
+            ex16 = _mm512_maskz_mov_ps(msk, ex16);
+            _mm512_mask_storeu_ps(sr + j, msk, ex16);
+            sum = _mm512_add_ps(sum, ex16);
+        }
+        sr[lds - 1] = 1.0f / _mm512_reduce_add_ps(sum); /* the row's 1 / sum, kept aside */
     }
-    for (; j < len; j++) {
-        const float *k = K + (j < committed ? j : extra[j - committed]) * d;
-        __m512 a = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
-        for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), a);
-        s[j] = _mm512_reduce_add_ps(a);
-    }
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (j = 0; j < len; j += 16) {
-        __mmask16 msk = len - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j)) - 1);
-        mx = _mm512_mask_max_ps(mx, msk, mx, _mm512_maskz_loadu_ps(msk, s + j));
-    }
-    __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 sum = _mm512_setzero_ps();
-    for (j = 0; j < len; j += 16) {
-        __mmask16 msk = len - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j)) - 1);
-        __m512 e = dw_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, s + j), m));
-        e = _mm512_maskz_mov_ps(msk, e);
-        _mm512_mask_storeu_ps(s + j, msk, e);
-        sum = _mm512_add_ps(sum, e);
-    }
-    float inv = 1.0f / _mm512_reduce_add_ps(sum);
-    __m512 acc[4][NV];
-    for (int w = 0; w < 4; w++)
-        for (int v = 0; v < NV; v++) acc[w][v] = _mm512_setzero_ps();
-    for (j = 0; j + 4 <= len; j += 4)
-        for (int w = 0; w < 4; w++) {
-            int64_t jj = j + w;
-            const float *vv = V + (jj < committed ? jj : extra[jj - committed]) * d;
-            __m512 p = _mm512_set1_ps(s[jj]);
+    /* p @ V over the shared blocks, all rows, accumulators parked in accs between blocks */
+    for (int64_t i = 0; i < (int64_t)t * 4 * NV * 16; i++) accs[i] = 0.0f;
+    for (int64_t j = 0; j < shared; j += 16)
+        for (int r = 0; r < t; r++) {
+            float *ar = accs + (int64_t)r * 4 * NV * 16;
+            __m512 acc[4][NV];
+            for (int w = 0; w < 4; w++)
+                for (int v = 0; v < NV; v++) acc[w][v] = _mm512_loadu_ps(ar + (w * NV + v) * 16);
+            for (int64_t jj = j; jj < j + 16; jj += 4)
+                for (int w = 0; w < 4; w++) {
+                    const float *vv = V + (jj + w) * d;
+                    __m512 p = _mm512_set1_ps(s[r * lds + jj + w]);
+                    for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vv + 16 * v), acc[w][v]);
+                }
+            for (int w = 0; w < 4; w++)
+                for (int v = 0; v < NV; v++) _mm512_storeu_ps(ar + (w * NV + v) * 16, acc[w][v]);
+        }
+    for (int r = 0; r < t; r++) {
+        const int64_t *ex = extra + (int64_t)r * e;
+        const float *sr = s + r * lds;
+        float *ar = accs + (int64_t)r * 4 * NV * 16;
+        int64_t len = committed + n_extra[r], j = shared;
+        __m512 acc[4][NV];
+        for (int w = 0; w < 4; w++)
+            for (int v = 0; v < NV; v++) acc[w][v] = _mm512_loadu_ps(ar + (w * NV + v) * 16);
+        for (; j + 4 <= len; j += 4)
+            for (int w = 0; w < 4; w++) {
+                int64_t jj = j + w;
+                const float *vv = V + (jj < committed ? jj : ex[jj - committed]) * d;
+                __m512 p = _mm512_set1_ps(sr[jj]);
+                for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vv + 16 * v), acc[w][v]);
+            }
+        for (int w = 0; j < len; j++, w++) {
+            const float *vv = V + (j < committed ? j : ex[j - committed]) * d;
+            __m512 p = _mm512_set1_ps(sr[j]);
             for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vv + 16 * v), acc[w][v]);
         }
-    for (int w = 0; j < len; j++, w++) {
-        const float *vv = V + (j < committed ? j : extra[j - committed]) * d;
-        __m512 p = _mm512_set1_ps(s[j]);
-        for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vv + 16 * v), acc[w][v]);
-    }
-    __m512 iv = _mm512_set1_ps(inv);
-    for (int v = 0; v < NV; v++) {
-        __m512 t = _mm512_add_ps(_mm512_add_ps(acc[0][v], acc[1][v]), _mm512_add_ps(acc[2][v], acc[3][v]));
-        _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(t, iv));
+        __m512 iv = _mm512_set1_ps(sr[lds - 1]);
+        for (int v = 0; v < NV; v++) {
+            __m512 tv = _mm512_add_ps(_mm512_add_ps(acc[0][v], acc[1][v]), _mm512_add_ps(acc[2][v], acc[3][v]));
+            _mm512_storeu_ps(oh + r * ld + 16 * v, _mm512_mul_ps(tv, iv));
+        }
     }
 }
 
-#define NV_CASE(n) case n: row_head_nv(qv, K, V, committed, extra, n_extra, s, o, n); return 1;
+#define NV_CASE(n) case n: head_rows_nv(qh, ld, K, V, committed, extra, e, n_extra, t, s, lds, accs, oh, n); return 1;
 /* The vectorised path for head sizes 16..256 in steps of 16; 0 when d is not one. */
-static int one_row_head_vec(const float *qv, const float *K, const float *V,
-                            int64_t committed, const int64_t *extra, int64_t n_extra, int d,
-                            float *s, float *o) {
+static int head_rows_vec(const float *qh, int64_t ld, const float *K, const float *V,
+                         int64_t committed, const int64_t *extra, int e,
+                         const int32_t *n_extra, int t, float *s, int64_t lds, float *accs,
+                         float *oh, int d) {
     if (d % 16) return 0;
     switch (d / 16) {
         NV_CASE(1) NV_CASE(2) NV_CASE(3) NV_CASE(4) NV_CASE(5) NV_CASE(6) NV_CASE(7)
@@ -178,8 +226,34 @@ int dw_attention(const float *q, const float *cache, int64_t tmax, int h, int hk
     int rep = h / hkv;
     int64_t most = 0;
     for (int i = 0; i < t; i++) most = n_extra[i] > most ? n_extra[i] : most;
-    int64_t total = (int64_t)t * h;
     int failed = 0;
+#if defined(__AVX512F__)
+    if (d % 16 == 0 && d <= 256) { /* one head, all rows, per task */
+        int64_t lds = committed + most + 17; /* scores, padding, the row's 1 / sum last */
+#pragma omp parallel num_threads(threads) if (threads > 1 && h > 1)
+        {
+            float *s = (float *)malloc(sizeof(float) * (size_t)(t * lds));
+            float *accs = (float *)malloc(sizeof(float) * (size_t)t * 4 * 256);
+            if (s == NULL || accs == NULL) {
+#pragma omp atomic write
+                failed = 1;
+            }
+#pragma omp for schedule(static)
+            for (int hh = 0; hh < h; hh++) {
+                if (s == NULL || accs == NULL) continue;
+                int g = hh / rep;
+                const float *K = cache + ((int64_t)g * tmax) * d;
+                const float *V = cache + ((int64_t)(hkv + g) * tmax) * d;
+                head_rows_vec(q + (int64_t)hh * d, (int64_t)h * d, K, V, committed, extra, e,
+                              n_extra, t, s, lds, accs, out + (int64_t)hh * d, d);
+            }
+            free(s);
+            free(accs);
+        }
+        return failed;
+    }
+#endif
+    int64_t total = (int64_t)t * h;
 #pragma omp parallel num_threads(threads) if (threads > 1 && total > 1)
     {
         float *s = (float *)malloc(sizeof(float) * (size_t)(committed + most + 16));
@@ -193,11 +267,6 @@ int dw_attention(const float *q, const float *cache, int64_t tmax, int h, int hk
             int i = (int)(th / h), hh = (int)(th % h), g = hh / rep;
             const float *K = cache + ((int64_t)g * tmax) * d;
             const float *V = cache + ((int64_t)(hkv + g) * tmax) * d;
-#if defined(__AVX512F__)
-            if (one_row_head_vec(q + th * d, K, V, committed, extra + (int64_t)i * e,
-                                 n_extra[i], d, s, out + th * d))
-                continue;
-#endif
             one_row_head(q + th * d, K, V, committed, extra + (int64_t)i * e, n_extra[i], d, s,
                          out + th * d);
         }
