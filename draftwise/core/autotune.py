@@ -118,7 +118,7 @@ class AcceptanceModel:
     def node_probs(self, tree: DraftTree, index: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
         """(N,) conditional acceptance probability of each node."""
         i = self._index(tree) if index is None else index
-        return self.hits[i] / self.tries[i]
+        return (self.hits / self.tries)[i]
 
     def observe(
         self, tree: DraftTree, emitted: np.ndarray, index: tuple[np.ndarray, ...] | None = None
@@ -170,11 +170,15 @@ def choose_subtree(
     if len(tree) == 0 or max_nodes == 0:
         return DraftTree.empty()
     path_p = path_reduce(tree.parents, acc.node_probs(tree, index), np.multiply, tree.max_depth)
-    order = np.argsort(-path_p, kind="stable")  # best first, ties by index: parents first
-    gain = 1.0 + np.concatenate([[0.0], np.cumsum(path_p[order])])  # (N+1,) tokens per step
-    ms = cost.cost_upto(len(tree) + 1, context_len)  # (N+1,) verify time of n nodes
-    limit = len(tree) if max_nodes is None else min(max_nodes, len(tree))
-    n = int(np.argmax((gain / ms)[: limit + 1]))
+    order = (-path_p).argsort(kind="stable")  # best first, ties by index: parents first
+    size = len(tree)
+    limit = size if max_nodes is None else min(max_nodes, size)
+    gain = np.empty(limit + 1)  # (n+1,) expected tokens per step with the n best nodes
+    gain[0] = 0.0
+    path_p[order[:limit]].cumsum(out=gain[1:])
+    gain += 1.0
+    ms = cost.cost_upto(limit + 1, context_len)  # (n+1,) verify time of n nodes
+    n = int((gain / ms).argmax())
     return tree.subset(order[:n]) if n else DraftTree.empty()
 
 

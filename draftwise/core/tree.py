@@ -44,6 +44,8 @@ class DraftTree:
     source: np.ndarray | None = None  # (N,) int16 drafter id per node, optional
     prob: np.ndarray | None = None  # (N,) float64 draft probability per node, optional
     _depth: np.ndarray = field(init=False, repr=False, compare=False)
+    # the deepest node's depth, computed on first use (-1: not yet)
+    _max_depth: int = field(init=False, repr=False, compare=False, default=-1)
 
     def __post_init__(self) -> None:
         tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
@@ -80,15 +82,19 @@ class DraftTree:
         source: np.ndarray | None,
         depth: np.ndarray,
         prob: np.ndarray | None = None,
+        max_depth: int = -1,
     ) -> DraftTree:
         """A tree from arrays already known valid (int64 ``tokens`` and ``parents`` in
-        topological order, their ``depth``): the hot path skips the checks."""
+        topological order, their ``depth``; ``max_depth`` when known, else -1): the hot
+        path skips the checks."""
         tree = object.__new__(cls)
-        object.__setattr__(tree, "tokens", tokens)
-        object.__setattr__(tree, "parents", parents)
-        object.__setattr__(tree, "source", source)
-        object.__setattr__(tree, "prob", prob)
-        object.__setattr__(tree, "_depth", depth)
+        fields = tree.__dict__  # what object.__setattr__ would write, one call each
+        fields["tokens"] = tokens
+        fields["parents"] = parents
+        fields["source"] = source
+        fields["prob"] = prob
+        fields["_depth"] = depth
+        fields["_max_depth"] = max_depth
         return tree
 
     def with_prob(self, prob: np.ndarray) -> DraftTree:
@@ -98,7 +104,8 @@ class DraftTree:
     @classmethod
     def empty(cls) -> DraftTree:
         """A tree with no drafts: verifying it is one plain decoding step."""
-        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return cls._trusted(np.zeros(0, np.int64), np.zeros(0, np.int64), None,
+                            np.zeros(0, np.int64), None, 0)
 
     @classmethod
     def chain(cls, tokens: Sequence[int]) -> DraftTree:
@@ -136,7 +143,12 @@ class DraftTree:
 
     @property
     def max_depth(self) -> int:
-        return int(self._depth.max()) if self.tokens.size else 0
+        """Depth of the deepest node (0 for an empty tree); computed once."""
+        md = self._max_depth
+        if md < 0:
+            md = int(self._depth.max()) if self._depth.size else 0
+            object.__setattr__(self, "_max_depth", md)
+        return md
 
     def ancestor_mask(self) -> np.ndarray:
         """(N, N) bool: ``mask[i, j]`` is True when node j is node i or an ancestor of it."""
@@ -173,27 +185,27 @@ class DraftTree:
     def sibling_rank(self) -> np.ndarray:
         """(N,) position of each node among its parent's children (0 = first listed)."""
         n = self.tokens.size
-        order = np.argsort(self.parents, kind="stable")  # (N,) siblings adjacent, in order
+        order = self.parents.argsort(kind="stable")  # (N,) siblings adjacent, in order
         grouped = self.parents[order]
-        first = np.ones(n, bool)
-        first[1:] = grouped[1:] != grouped[:-1]  # a new parent's first child
-        start = np.maximum.accumulate(np.where(first, np.arange(n), 0))  # (N,) group start
         rank = np.empty(n, np.int64)
-        rank[order] = np.arange(n) - start
+        rank[order] = np.arange(n) - grouped.searchsorted(grouped)  # minus the group's start
         return rank
 
     def subset(self, keep: np.ndarray) -> DraftTree:
         """The tree of the nodes ``keep`` (indices; every kept node's parent must be kept
         too), in their original relative order."""
-        keep = np.sort(np.asarray(keep, np.int64))
-        remap = np.full(self.tokens.size + 1, -1, np.int64)  # last slot maps the root (-1)
+        keep = np.array(keep, np.int64).reshape(-1)
+        keep.sort()
+        remap = np.empty(self.tokens.size + 1, np.int64)  # last slot maps the root (-1)
+        remap.fill(-1)
         remap[keep] = np.arange(keep.size)
         parents = self.parents[keep]
-        if np.any((parents >= 0) & (remap[parents] < 0)):
+        new_parents = remap[parents]
+        if ((new_parents < 0) & (parents >= 0)).any():
             raise DraftwiseError("a subset of a draft tree must keep every kept node's parent")
         src = self.source[keep] if self.source is not None else None
         prob = self.prob[keep] if self.prob is not None else None
-        return DraftTree._trusted(self.tokens[keep], remap[parents], src, self._depth[keep], prob)
+        return DraftTree._trusted(self.tokens[keep], new_parents, src, self._depth[keep], prob)
 
     def is_chain(self) -> bool:
         return bool(np.array_equal(self.parents, np.arange(-1, self.tokens.size - 1)))
@@ -217,6 +229,7 @@ class TreeBuilder:
         self.tokens: list[int] = []
         self.parents: list[int] = []
         self.sources: list[int] = []
+        self.depths: list[int] = []  # 1 for children of the root
         self._children: dict[tuple[int, int], int] = {}
 
     def __len__(self) -> int:
@@ -232,9 +245,10 @@ class TreeBuilder:
         if found is not None:
             return found, False
         idx = len(self.tokens)
-        self.tokens.append(int(token))
+        self.tokens.append(key[1])
         self.parents.append(parent)
         self.sources.append(source)
+        self.depths.append(self.depths[parent] + 1 if parent >= 0 else 1)
         self._children[key] = idx
         return idx, True
 
@@ -243,13 +257,20 @@ class TreeBuilder:
     ) -> tuple[int, bool]:
         """Add ``path`` below ``parent``; stops creating nodes once the tree holds
         ``limit`` nodes. Returns (deepest node reached or ``parent``, whole path added)."""
+        children, tokens, depths = self._children, self.tokens, self.depths
         node = parent
         for tok in path:
-            existing = self._children.get((node, int(tok)))
-            if existing is None:
-                if limit is not None and len(self.tokens) >= limit:
+            key = (node, int(tok))
+            existing = children.get(key)
+            if existing is None:  # a new node (``add``, inlined: the hot path)
+                existing = len(tokens)
+                if limit is not None and existing >= limit:
                     return node, False
-                existing, _ = self.add(node, int(tok), source)
+                tokens.append(key[1])
+                self.parents.append(node)
+                self.sources.append(source)
+                depths.append(depths[node] + 1 if node >= 0 else 1)
+                children[key] = existing
             node = existing
         return node, True
 
@@ -258,18 +279,16 @@ class TreeBuilder:
         n = len(self.tokens)
         if n == 0:
             return DraftTree.empty()
-        parents = np.asarray(self.parents, np.int64)
-        depth = np.empty(n, np.int64)
-        for i, p in enumerate(self.parents):  # nodes are created after their parents
-            depth[i] = 1 if p < 0 else depth[p] + 1
-        order = np.lexsort((np.arange(n), depth))  # by depth, then creation order
+        depth = np.array(self.depths, np.int64)
+        order = depth.argsort(kind="stable")  # by depth, then creation order
         if budget is not None:
             order = order[: max(budget, 0)]
-        remap = np.full(n + 1, -1, np.int64)  # index n stands for the root (-1)
+        remap = np.empty(n + 1, np.int64)  # index n stands for the root (-1)
+        remap.fill(-1)
         remap[order] = np.arange(order.size)
-        new_parents = remap[parents[order]]
-        tokens = np.asarray(self.tokens, np.int64)[order]
-        sources = np.asarray(self.sources, np.int16)[order]
+        new_parents = remap[np.array(self.parents, np.int64)[order]]
+        tokens = np.array(self.tokens, np.int64)[order]
+        sources = np.array(self.sources, np.int16)[order]
         return DraftTree._trusted(tokens, new_parents, sources, depth[order])
 
 
@@ -287,6 +306,7 @@ def merge_trees(trees: Sequence[DraftTree], budget: int | None = None) -> DraftT
         ([1, 2, 3], [-1, 0, 0])
     """
     children: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    get = children.get
     tokens: list[int] = []
     parents: list[int] = []
     sources: list[int] = []
@@ -294,35 +314,49 @@ def merge_trees(trees: Sequence[DraftTree], budget: int | None = None) -> DraftT
     probs: list[float] = []
     any_prob = any(t.prob is not None for t in trees)
     for k, tree in enumerate(trees):
+        if not tree.tokens.size:
+            continue
+        own: list[float] | None = None
+        if any_prob:
+            own = tree.prob.tolist() if tree.prob is not None else [float("nan")] * len(tree)
+        tok_l, par_l, dep_l = tree.tokens.tolist(), tree.parents.tolist(), tree.depth.tolist()
+        if not tokens:  # the first tree with nodes: all its (parent, token) pairs are new
+            children.update(zip(zip(par_l, tok_l), range(len(tok_l))))
+            if len(children) == len(tok_l):  # no repeated sibling: it maps onto itself
+                tokens, parents, depths, sources = tok_l, par_l, dep_l, [k] * len(tok_l)
+                if own is not None:
+                    probs = own
+                continue
+            children.clear()  # a repeated sibling: merge it node by node below
         mapped: list[int] = []  # node of ``tree`` -> merged node
-        own = tree.prob.tolist() if tree.prob is not None else [float("nan")] * len(tree)
-        for tok, par, d, q in zip(
-            tree.tokens.tolist(), tree.parents.tolist(), tree.depth.tolist(), own
-        ):
+        for i, (tok, par, d) in enumerate(zip(tok_l, par_l, dep_l)):
             key = (mapped[par] if par >= 0 else -1, tok)
-            node = children.get(key)
+            node = get(key)
             if node is None:
                 node = children[key] = len(tokens)
                 tokens.append(tok)
                 parents.append(key[0])
                 sources.append(k)
                 depths.append(d)
-                probs.append(q)
+                if own is not None:
+                    probs.append(own[i])
             mapped.append(node)
     n = len(tokens)
     if n == 0:
         return DraftTree.empty()
-    depth = np.asarray(depths, np.int64)
-    order = np.argsort(depth, kind="stable")  # breadth-first, then creation order
+    depth = np.array(depths, np.int64)
+    order = depth.argsort(kind="stable")  # breadth-first, then creation order
     if budget is not None:
         order = order[: max(budget, 0)]
-    remap = np.full(n + 1, -1, np.int64)  # index n stands for the root (-1)
+    remap = np.empty(n + 1, np.int64)  # index n stands for the root (-1)
+    remap.fill(-1)
     remap[order] = np.arange(order.size)
-    new_parents = remap[np.asarray(parents, np.int64)[order]]
-    src = np.asarray(sources, np.int16)[order]
-    prob = np.asarray(probs, np.float64)[order] if any_prob else None
+    new_parents = remap[np.array(parents, np.int64)[order]]
+    src = np.array(sources, np.int16)[order]
+    prob = np.array(probs, np.float64)[order] if any_prob else None
     return DraftTree._trusted(
-        np.asarray(tokens, np.int64)[order], new_parents, src, depth[order], prob
+        np.array(tokens, np.int64)[order], new_parents, src, depth[order], prob,
+        max(depths) if budget is None else -1,
     )
 
 
@@ -341,11 +375,14 @@ def path_reduce(
     n = parents.size
     acc = np.empty(n + 1, values.dtype)  # slot n: the root, holding op's identity
     acc[:n], acc[n] = values, op.identity
-    jump = np.empty(n + 1, np.int64)  # acc[i] covers i and its ancestors below jump[i]
-    jump[:n], jump[n] = np.where(parents >= 0, parents, n), n
+    # acc[i] covers i and its ancestors below jump[i]; -1 (the root) reads slot n and
+    # stays -1 (jump[-1] is jump[n] = -1)
+    jump = np.empty(n + 1, np.int64)
+    jump[:n], jump[n] = parents, -1
     # after k doublings acc[i] covers 2**k path nodes: depth.bit_length() rounds reach the root
     rounds = max_depth.bit_length() if max_depth is not None else n.bit_length()
-    for _ in range(rounds):
-        acc[:n] = op(acc[:n], acc[jump[:n]])
-        jump = jump[jump]
+    for k in range(rounds):
+        acc = op(acc, acc[jump])  # the root's slot stays op(identity, identity) = identity
+        if k + 1 < rounds:
+            jump = jump[jump]
     return acc[:n]

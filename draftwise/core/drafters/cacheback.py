@@ -107,24 +107,33 @@ class Cacheback:
         ll = self.table.ll
         if budget <= 0 or context.size < ll:
             return DraftTree.empty()
-        dynamic = self.mode != "frozen"
+        query = self.table.query if self.mode != "frozen" else None
         frozen = self.frozen if self.mode != "dynamic" else None
+        root = tuple(context[-ll:].tolist())
+        first = query(root) if query is not None else []  # the root's dynamic followers
+        if not first and frozen is None:
+            return DraftTree.empty()  # nothing to draft: skip building
         builder = TreeBuilder()
+        nodes = builder.tokens  # the builder's node list: len(nodes) is the tree's size
+        add_path = builder.add_path
         first_limit = budget - self.crt if budget > self.crt else budget
-        queue: deque[tuple[int, Gram]] = deque([(-1, tuple(context[-ll:].tolist()))])
+        queue: deque[tuple[int, Gram]] = deque([(-1, root)])
         seen = {-1}
-        while queue and len(builder) < budget:
+        while queue and len(nodes) < budget:
             node, leader = queue.popleft()
-            limit = first_limit if node < 0 else budget
-            followers = self.table.query(leader) if dynamic else []
-            if frozen is not None and len(builder) < limit:
+            if node < 0:
+                limit, followers = first_limit, first
+            else:
+                limit = budget
+                followers = query(leader) if query is not None else []
+            if frozen is not None and len(nodes) < limit:
                 # each frozen follower not among the dynamic ones adds >= 1 node (exact
                 # when both tables share FL), so more than this could never fit
-                followers += frozen.query(leader, limit - len(builder) + len(followers))
+                followers += frozen.query(leader, limit - len(nodes) + len(followers))
             for follower in followers:
-                if len(builder) >= limit:
+                if len(nodes) >= limit:
                     break
-                end, complete = builder.add_path(node, follower, limit=limit)
+                end, complete = add_path(node, follower, limit=limit)
                 if complete and end not in seen:
                     seen.add(end)
                     queue.append((end, (leader + follower)[-ll:]))

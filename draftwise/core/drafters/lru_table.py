@@ -108,7 +108,8 @@ class LRUTable:
         if slot is None:
             return []
         self._slots.move_to_end(leader)
-        rows = self._rows(slot)[: self._count[slot]][::-1]
+        bs = self._block_slots
+        rows = self._blocks[slot // bs][slot % bs, : self._count[slot]][::-1]
         if limit is not None:
             rows = rows[: max(limit, 0)]
         return list(map(tuple, rows.tolist()))

@@ -229,16 +229,20 @@ class SSD:
 
     def _continuations(self, m: Matches, w: int) -> np.ndarray:
         """(matches, w) tokens after each match, ``-1`` from a separator or the end on."""
-        pos = m.ends[:, None] + 1 + np.arange(w)  # (m, w) logical positions
-        out = np.full(pos.shape, -1, np.int64)
-        if m.index is not None:
-            ix = m.index
-            in_ix = pos < ix.end
-            out[in_ix] = ix.tokens_at(pos[in_ix])
+        pos = m.ends[:, None] + np.arange(1, w + 1)  # (m, w) logical positions
+        ix = m.index
+        # the tail holds [tail_first, total); the index, when current, what lies before
+        tail_lo = m.tail_first if ix is None else max(m.tail_first, ix.end)
+        if m.tail.size:  # gathers clipped into range; the mask keeps the valid cells
+            in_tail = (pos >= tail_lo) & (pos < m.total)
+            out = np.where(in_tail, m.tail.take(pos - m.tail_first, mode="clip"), np.int64(-1))
         else:
-            in_ix = np.zeros(pos.shape, dtype=bool)
-        in_tail = ~in_ix & (pos >= m.tail_first) & (pos < m.total)
-        out[in_tail] = m.tail[pos[in_tail] - m.tail_first]
+            out = np.empty(pos.shape, np.int64)
+            out.fill(-1)
+        if ix is not None:
+            in_ix = pos < ix.end
+            if in_ix.any():
+                out = np.where(in_ix, ix.rev.take(ix.end - 1 - pos, mode="clip"), out)
         out[np.logical_or.accumulate(out < 0, axis=1)] = -1  # never cross a separator
         return out
 
@@ -272,13 +276,18 @@ def _scan_tail(
     """
     if pattern.size == 0 or hi <= lo:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    local = np.flatnonzero(tail[lo - first : hi - first] == pattern[0]) + (lo - first)
+    local = (tail[lo - first : hi - first] == pattern[0]).nonzero()[0]
     if local.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    local += lo - first
     back = local[:, None] - np.arange(q)  # (c, q) tail indices, newest first
     vals = np.where(back >= 0, tail[np.maximum(back, 0)], -2)
-    pat = np.full(q, -3, np.int64)  # a short context matches nothing past its start
+    pat = np.empty(q, np.int64)
+    pat.fill(-3)  # a short context matches nothing past its start
     pat[: pattern.size] = pattern
-    eq = vals == pat
-    lens = np.where(eq.all(axis=1), q, eq.argmin(axis=1))
-    return local + first, lens
+    eq = np.empty((local.size, q + 1), bool)  # a last False column: a full match's length is q
+    eq[:, q] = False
+    np.equal(vals, pat, out=eq[:, :q])
+    lens = eq.argmin(axis=1)  # (c,) the first mismatch
+    local += first
+    return local, lens
