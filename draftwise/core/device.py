@@ -30,10 +30,14 @@ class DeviceInfo:
     dtype: str  # compute dtype: "float32", "bfloat16", "4bit", ...
     mode: str  # "normal" or "invariant" (batch-invariant verification)
     threads: int  # CPU threads the backend computes with (1 on a GPU)
+    # the compiled kernels in use, when the backend has any ("" otherwise): a new build
+    # (another draftwise, compiler or CPU) gets its own cost profile
+    kernels: str = ""
 
     def key(self) -> str:
         """A stable identity for caches keyed by device (cost profiles)."""
-        return f"{self.kind}|{self.name}|{self.dtype}|{self.mode}|x{self.threads}"
+        key = f"{self.kind}|{self.name}|{self.dtype}|{self.mode}|x{self.threads}"
+        return f"{key}|{self.kernels}" if self.kernels else key
 
     def describe(self) -> str:
         """A short human-readable description, as the bench reports print it."""

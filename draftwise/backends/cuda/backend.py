@@ -126,7 +126,14 @@ class TorchBackend(CacheBook, BatchMixin):
             # the cost curve depends on the thread count (OMP_NUM_THREADS)
             name, kind, threads = cpu_name(), self.device.type, torch.get_num_threads()
         mode = "invariant" if self.invariant else "normal"
-        return DeviceInfo(kind=kind, name=name, dtype=self.dtype, mode=mode, threads=threads)
+        kernels = ""
+        if self._native is not None:  # the compiled build (its file names its source hash)
+            kernels = Path(self._native._name).stem
+            if getattr(self.model, "fused", None) is not None:
+                kernels += "+fused"
+        return DeviceInfo(
+            kind=kind, name=name, dtype=self.dtype, mode=mode, threads=threads, kernels=kernels
+        )
 
     @classmethod
     def from_pretrained(

@@ -69,3 +69,18 @@ def test_not_built_without_the_native_kernel(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "_tried", True)  # as where no compiler is found
     be = TorchBackend.from_pretrained(model_dir, dtype="4bit", device="cpu", max_cache_len=64)
     assert be.model.fused is None and FusedForward.build(be.model) is None
+
+
+def test_the_cost_profile_key_names_the_kernels(tmp_path, monkeypatch):
+    """A cost profile measured with other kernels (an older build, or without the fused
+    forward) must not size the trees of this one: the device key names the build."""
+    model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+    be = TorchBackend.from_pretrained(model_dir, dtype="4bit", device="cpu", max_cache_len=64)
+    key = be.device_info().key()
+    assert "native-" in key and key.endswith("+fused")
+    be.model.fused = None
+    assert be.device_info().key() != key
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_tried", True)
+    plain = TorchBackend.from_pretrained(model_dir, dtype="4bit", device="cpu", max_cache_len=64)
+    assert plain.device_info().key() == "cpu|" + key.split("|", 1)[1].rsplit("|", 1)[0]
