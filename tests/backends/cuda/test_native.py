@@ -124,3 +124,21 @@ def test_every_head_size_agrees_with_a_float64_softmax(lib, d):
             k, v = kv[0, h // (H // HKV), keys].double(), kv[1, h // (H // HKV), keys].double()
             p = torch.softmax(k @ q[h, i].double() * d**-0.5, dim=0)
             assert torch.allclose(got[i, h].double(), p @ v, rtol=1e-4, atol=1e-5), (i, h)
+
+
+def test_every_kernel_source_ships_in_the_package():
+    """The build reads SOURCES and HEADERS: an installed wheel must carry each of them
+    (pyproject's package-data), or the kernels silently fall back to torch."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(native.__file__).resolve().parents[3]
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file():
+        pytest.skip("not a source checkout")
+    globs = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]["draftwise"]
+    pkg = root / "draftwise"
+    for f in (*native.SOURCES, *native.HEADERS):
+        rel = f.relative_to(pkg).as_posix()
+        assert any(fnmatch.fnmatch(rel, g) for g in globs), f"{rel} is not package data"
