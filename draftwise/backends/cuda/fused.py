@@ -74,6 +74,8 @@ class FusedForward:
             or not hasattr(lib, "dw_forward")
             or model.cache.dtype != torch.float32
             or cfg.head_dim % 2
+            or cfg.dim % 16  # the norms' 16-lane sums (forward.c)
+            or cfg.ffn_dim % 16
             or any(ly.bqkv is not None for ly in model.layers)
             or not all(
                 _native_int4(getattr(ly, name))

@@ -84,3 +84,49 @@ def test_the_cost_profile_key_names_the_kernels(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "_tried", True)
     plain = TorchBackend.from_pretrained(model_dir, dtype="4bit", device="cpu", max_cache_len=64)
     assert plain.device_info().key() == "cpu|" + key.split("|", 1)[1].rsplit("|", 1)[0]
+
+
+def _eager(be: TorchBackend) -> TorchBackend:
+    """``be`` verifying through ``fused_eager.eager_forward`` instead of the C forward."""
+    from draftwise.backends.cuda.fused_eager import eager_forward
+
+    fused = be.model.fused
+
+    class Eager:
+        def __call__(self, *args):
+            return eager_forward(fused, *args)
+
+    be.model.fused = Eager()
+    return be
+
+
+@pytest.mark.parametrize("tiny", [True, False], ids=["tiny", "default-model"])
+def test_compiled_and_eager_forwards_agree_bit_for_bit(tmp_path, default_model_dir, tiny):
+    """The fused C forward and its op-by-op torch replay give the same logits, hidden
+    states and K/V cache bits: over a tree verify, its commit, and the next plain step."""
+    if tiny:
+        model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+        vocab = 97
+    else:
+        model_dir, vocab = default_model_dir, 49152
+    rng = np.random.default_rng(5)
+    ctx = rng.integers(0, vocab, 70)
+    tree = DraftTree(rng.integers(0, vocab, 9), np.array([-1, 0, 0, 1, 1, 2, -1, 6, 7]))
+    if tiny:  # 40 rows: two verify chunks, the second attending to the first's slots
+        parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, 39)]
+        tree = DraftTree(rng.integers(0, vocab, 39), np.array(parents))
+    runs = []
+    for be in (_backend(model_dir, True), _eager(_backend(model_dir, True))):
+        be.prefill(ctx[:-1])
+        first = be.verify(int(ctx[-1]), tree, need_logits=True)
+        x = be.model.last_x.clone()
+        path = [0, 1]  # the root row and the first draft, then its first child if any
+        kids = np.flatnonzero(tree.parents == 0)
+        if kids.size:
+            path.append(int(kids[0]) + 1)
+        be.commit(np.array(path))
+        second = be.verify(int(tree.tokens[path[-1] - 1]), DraftTree.empty(), need_logits=True)
+        runs.append((first.logits, x, second.logits, be.model.cache[:, :, :, :80].clone()))
+    for a, b in zip(*runs):
+        a, b = (torch.as_tensor(v) for v in (a, b))
+        assert torch.equal(a, b)

@@ -46,13 +46,20 @@ static inline uint16_t to_bf16(float f) { /* round to nearest even, as torch */
     return (uint16_t)((c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);
 }
 
-/* out = bf16(w * bf16(x / rms(x))) per row, as transformers' LlamaRMSNorm in bf16. */
+/* out = bf16(w * bf16(x / rms(x))) per row, as transformers' LlamaRMSNorm in bf16. The
+ * sum of squares: lane l (0..15) adds x[j]^2 for j = l, l + 16, ... in order, then the
+ * lanes combine pairwise (8, 4, 2, 1): an order torch can replay op for op (fused_eager.py);
+ * c is a multiple of 16. */
 static void rms_norm(const float *x, const uint16_t *w, int t, int c, float eps,
                      uint16_t *out) {
     for (int i = 0; i < t; i++) {
         const float *xr = x + (int64_t)i * c;
-        float ss = 0.0f;
-        for (int j = 0; j < c; j++) ss += xr[j] * xr[j];
+        float acc[16] = {0};
+        for (int j = 0; j < c; j += 16)
+            for (int l = 0; l < 16; l++) acc[l] += xr[j + l] * xr[j + l];
+        for (int w2 = 8; w2 > 0; w2 /= 2)
+            for (int l = 0; l < w2; l++) acc[l] += acc[l + w2];
+        float ss = acc[0];
         float r = 1.0f / sqrtf(ss / (float)c + eps);
         for (int j = 0; j < c; j++)
             out[(int64_t)i * c + j] = to_bf16(from_bf16(w[j]) * from_bf16(to_bf16(xr[j] * r)));
@@ -71,7 +78,7 @@ static inline void rope(const uint16_t *x, const float *cs, const float *sn, int
 /* out = bf16(silu(gate) * up) for one row: gate = gu[0 .. f-1], up = gu[f .. 2f-1]. */
 static void swiglu(const uint16_t *gu, int f, uint16_t *out) {
     int j = 0;
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__)
     /* silu(g) = g * sigmoid(g), sigmoid from e = exp(-|g|) (never overflows) */
     const __m512 one = _mm512_set1_ps(1.0f);
     for (; j + 16 <= f; j += 16) {
@@ -85,7 +92,7 @@ static void swiglu(const uint16_t *gu, int f, uint16_t *out) {
         __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
         __m512 sig = _mm512_mask_mul_ps(inv, neg, inv, e); /* g < 0: e / (1 + e) */
         __m512 y = _mm512_mul_ps(_mm512_mul_ps(g, sig), u);
-        _mm256_storeu_si256((__m256i *)(out + j), (__m256i)_mm512_cvtneps_pbh(y));
+        _mm256_storeu_si256((__m256i *)(out + j), dw_to_bf16_16(y));
     }
 #endif
     for (; j < f; j++) { /* the tail, and CPUs without AVX-512 */
