@@ -8,7 +8,8 @@ native 4-bit weight (``int4.Int4Weight`` with the compiled kernel), there are no
 the cache is float32, and the plan attends natively. Otherwise the torch forward runs.
 
 Row-invariant like its parts (each row computed by fixed per-row loops, row-invariant
-matmuls and attention): checked in ``tests/backends/cuda/test_fused.py``.
+matmuls and attention). ``fused_eager.py`` replays it one torch op at a time, bit for bit
+(``tests/backends/cuda/test_fused.py``).
 
 Example::
 

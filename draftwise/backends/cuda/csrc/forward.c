@@ -11,6 +11,8 @@
  *
  * Arithmetic: the residual stream is float32; matmul inputs are rounded to bfloat16 (round
  * to nearest even, as torch); RMSNorm, RoPE, SiLU in float32; the K/V cache is float32.
+ * Compiled as ISO C (no contraction into fused multiply-adds), every step is one IEEE
+ * operation that fused_eager.py replays with a torch op: keep the two in step.
  *
  * Shapes: x_in (T, C) bf16 embeddings; cos, sin (T, D) float32 at each row's position;
  * per layer l: wqkv[l], wo[l], w13[l], w2[l] packed 4-bit weights (int4.c's layout),
