@@ -12,7 +12,7 @@ products, each output element start to end in one thread: row-invariant too (see
 (``int4_lib()`` is None) and the 4bit mode keeps torch's kernel.
 
 Both are compiled into one library, once per machine, with the system C compiler (``cc``,
-``-O3 -march=native -fopenmp``, about a second) into ``cache_dir()/kernels/`` (temp file,
+``-O3 -march=native -fopenmp``, about 3 s on this project's CPU) into ``cache_dir()/kernels/`` (temp file,
 then rename) and called through ``ctypes``. Without a compiler, or with
 ``DRAFTWISE_NATIVE=0``, the backend keeps ``block_attention`` and torch's int4 kernel
 (other bits, equally invariant; the choice is made once per process, so one backend never

@@ -106,9 +106,9 @@ def test_the_build_lands_in_the_draftwise_cache(lib, tmp_path, monkeypatch):
     assert native._build(native._compiler()) == out  # reused, not rebuilt
 
 
-@pytest.mark.parametrize("d", [40, 64, 128])
+@pytest.mark.parametrize("d", [40, 64, 96, 128, 256])
 def test_every_head_size_agrees_with_a_float64_softmax(lib, d):
-    """Head sizes that are multiples of 16 take the vectorised path, others the plain C
+    """Head sizes 64, 80, 96 and 128 take the vectorised path, others the plain C
     loop: both equal softmax(q k^T / sqrt(d)) v over the row's key list."""
     rng = np.random.default_rng(d)
     committed = 37
