@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftwise.backends.cuda.int4 import Int4Weight
+from draftwise.backends.cuda.native import INT4_TILE_BYTES
 
 if TYPE_CHECKING:
     from draftwise.backends.cuda.invariant import Plan
     from draftwise.backends.cuda.llama import Llama
-
-INT4_TILE = 320  # bytes per 16 x 32 tile of int4.c's 4-bit layout
 
 
 def _native_int4(w: object) -> bool:
@@ -38,7 +37,7 @@ def _native_int4(w: object) -> bool:
         isinstance(w, Int4Weight)
         and w.lib is not None
         and w.repeat == 1
-        and w.packed.shape[-1] == INT4_TILE
+        and w.packed.shape[-1] == INT4_TILE_BYTES
         and w.packed.shape[0] * 16 == w.out_features
     )
 
@@ -68,7 +67,8 @@ class FusedForward:
     @classmethod
     def build(cls, model: Llama) -> FusedForward | None:
         """The fused forward for ``model``, or None where it does not apply."""
-        lib = next((w.lib for w in (model.layers[0].wqkv,) if isinstance(w, Int4Weight)), None)
+        first = model.layers[0].wqkv if model.layers else None
+        lib = first.lib if isinstance(first, Int4Weight) else None
         cfg = model.cfg
         if (
             lib is None

@@ -45,6 +45,8 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = tuple(CSRC / f for f in ("attention.c", "int4.c", "forward.c"))
 HEADERS = (CSRC / "vec.h",)  # not compiled on their own, but part of the build's key
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+INT4_TILE_BYTES = 320  # one 16 x 32 tile of int4.c's 4-bit layout (codes, scales, mins)
+Q8_TILE_BYTES = 544  # one 16 x 32 tile of its Q8_0 layout (codes, scales)
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -154,7 +156,9 @@ def native_int4_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> t
     (N / 16, K / 32, 544) (see ``int4.pack_native``, ``int4.pack_q8``): (T, N) bfloat16."""
     t, k = x.shape
     tiles, blocks, nbytes = packed.shape
-    fn = lib.dw_int4_mm if nbytes == 320 else lib.dw_q8_mm
+    if nbytes not in (INT4_TILE_BYTES, Q8_TILE_BYTES):
+        raise ValueError(f"not a packed native weight: tiles of {nbytes} bytes")
+    fn = lib.dw_int4_mm if nbytes == INT4_TILE_BYTES else lib.dw_q8_mm
     if x.dtype != torch.bfloat16 or x.device.type != "cpu" or blocks * 32 != k:
         raise ValueError(f"native int4 needs (T, {blocks * 32}) bfloat16 on CPU, got {tuple(x.shape)} {x.dtype}")
     x = x.contiguous()
