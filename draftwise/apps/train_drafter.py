@@ -46,6 +46,7 @@ def main(args: argparse.Namespace) -> int:
     if not prompts.is_file():
         raise DraftwiseError(f"no corpus prompts file at {prompts}")
     recipe = TrainRecipe(**{f.name: getattr(args, f.name) for f in fields(TrainRecipe)})
+    recipe.check()
     model_dir = resolve_model(args.model)
     summary = train_redrafter(model_dir, Path(args.out).expanduser(), prompts, recipe, args.quiet)
     print(json.dumps(summary, indent=1))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +68,13 @@ def build_redrafter(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     embed = be.model.embed
     net = load_redrafter(ckpt, embed, ctx.tokenizer_id, weights_fingerprint(embed))
     if embed.dtype in (torch.bfloat16, torch.float16):
-        # the target's dtype: a beam step reads its ~20 MB of float32 weights from memory
-        # otherwise (measured 2 ms a step on this CPU, twice the bfloat16 cost); drafts may
-        # differ at near-ties, the output never does
-        net = net.to(embed.dtype)
+        net = net.to(embed.dtype)  # the target's dtype
+    elif embed.device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        # bfloat16 also beside a float32 target where the CPU has bf16 dot products: a
+        # beam step of 1-4 rows took 0.7-1.7 ms in float32 and 0.3 ms in bfloat16 here
+        # (its ~20 MB of float32 weights read every step). Drafts may differ at
+        # near-ties; the output never does.
+        net = net.to(torch.bfloat16)
     return ReDrafter(TorchRecurrentStep(net, be), **opts)
 
 
@@ -95,23 +98,36 @@ def auto_redrafter(ctx: DraftingContext, mode: str, bw: int, t: int) -> Drafter 
 class TrainRecipe:
     """Data and training sizes of ``draftwise train-drafter`` (defaults: ~1 h on 2 cores).
 
-    With ``forced_batches > 0`` (the default) the network trains on teacher-forced corpus
-    conversations labelled with the target's argmax, and the greedy continuations
-    (``batches``) are held out to measure it on exactly what it will draft; with 0 it
-    trains on the greedy continuations, their last 5% held out."""
+    The network trains on the target's greedy continuations (``batches`` shards of
+    ``batch`` corpus prompts), every 20th row held out to measure it on exactly what it
+    will draft. With ``forced_batches > 0`` it trains on teacher-forced corpus
+    conversations labelled with the target's argmax instead (the cheap alternative;
+    measured worse, see ``draftwise/data/README.md``) and all greedy rows are held out."""
 
-    batches: int = 8  # greedy-continuation shards (batch prompts each)
-    batch: int = 32  # prompts per generation forward
-    gen_len: int = 96  # greedy tokens per prompt
+    batches: int = 68  # greedy-continuation shards (batch prompts each)
+    batch: int = 128  # prompts per generation forward
+    gen_len: int = 160  # greedy tokens per prompt
     max_prompt: int = 128  # prompt tokens kept (the end of longer ones)
-    forced_batches: int = 170  # teacher-forced shards (8 rows of 512 tokens each)
-    forced_skip: int = 1024  # corpus rows (shuffled) before the teacher-forced ones
+    forced_batches: int = 0  # teacher-forced shards (8 rows of 512 tokens each)
+    forced_skip: int = 8704  # corpus rows (shuffled) before the teacher-forced ones
     draft_vocab: int = 4096  # K most frequent output ids the head can draft
     resblocks: int = 1
     t: int = 5  # predicted positions per training sample
     epochs: float = 2.0
     lr: float = 1e-3
     train_batch: int = 256
+
+    def check(self) -> None:
+        """One-line error naming the first out-of-range setting (before any work)."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            low = 0 if f.name in ("forced_batches", "forced_skip") else 1
+            if f.name in ("epochs", "lr") and not v > 0:
+                raise DraftwiseError(f"--{f.name.replace('_', '-')} must be > 0, got {v}")
+            if isinstance(v, int) and v < low:
+                raise DraftwiseError(f"--{f.name.replace('_', '-')} must be >= {low}, got {v}")
+
+
 def train_redrafter(
     model_dir: Path, out: Path, prompts: Path, recipe: TrainRecipe, quiet: bool = False
 ) -> dict[str, Any]:
@@ -138,6 +154,7 @@ def train_redrafter(
     from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig, read_config
     from draftwise.models.tokenizer import Tokenizer
 
+    recipe.check()
     if recipe.forced_batches > 0 and recipe.forced_skip < recipe.batches * recipe.batch:
         raise DraftwiseError(
             f"--forced-skip {recipe.forced_skip} would train on the held-out prompts: "
@@ -182,9 +199,15 @@ def train_redrafter(
         held = (g_tokens, g_hidden, g_valid)
         train_labels: Any = labels
     else:
-        hold = max(1, g_tokens.shape[0] // 20)  # the last 5% of rows: held out
-        tokens, hidden, valid = g_tokens[:-hold], g_hidden[:-hold], g_valid[:-hold]
-        held = (g_tokens[-hold:], g_hidden[-hold:], g_valid[-hold:])
+        if g_tokens.shape[0] < 2:
+            raise DraftwiseError(
+                f"{out / 'data'} has {g_tokens.shape[0]} greedy row(s): training holds some "
+                "out, so it needs at least 2 (raise --batches or --batch)"
+            )
+        held_rows = np.arange(g_tokens.shape[0]) % 20 == 19  # every 20th row: held out
+        held_rows[-1] |= not held_rows.any()  # (fewer than 20 rows: the last one)
+        tokens, hidden, valid = (a[~held_rows] for a in (g_tokens, g_hidden, g_valid))
+        held = (g_tokens[held_rows], g_hidden[held_rows], g_valid[held_rows])
         labels, train_labels = tokens, None
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
         embed = f.get_tensor("model.embed_tokens.weight").float()  # (V, C)

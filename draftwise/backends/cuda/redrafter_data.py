@@ -2,9 +2,10 @@
 generated batched, with its last-layer hidden state at every position.
 
 Prompts come from the training corpus (``corpus/prompts.jsonl``, never benchmark
-prompts), rendered through the model's chat template. Each batch of ``batch`` prompts is
-left-padded and continued greedily for ``gen_len`` tokens with transformers' KV cache, so
-one forward serves the whole batch. A shard per batch is written atomically
+prompts), rendered through the model's chat template. Each batch of ``batch`` prompts
+(about equally long: ``shard_prompts``) is left-padded and continued greedily for
+``gen_len`` tokens in bfloat16 (``batch_greedy``), so one forward serves the whole batch.
+A shard per batch is written atomically
 (``shard-00007.npz``: ``tokens`` (B, L) int32, ``hidden`` (B, L, C) float16, ``valid``
 (B, L) bool), so an interrupted run resumes at the first missing shard.
 
@@ -51,79 +52,57 @@ def _shard(out: Path, i: int) -> Path:
     return out / f"shard-{i:05d}.npz"
 
 
+def shard_prompts(tok: object, prompts: list[str], batch: int, max_prompt: int) -> list[list[int]]:
+    """The prompts' chat-template ids (the last ``max_prompt`` of longer ones) in shard
+    order: the shuffled corpus order, sorted by length within windows of 8 shards so a
+    shard's prompts are about as long as each other (little padding in the batch)."""
+    ids = []
+    for t in prompts:
+        x = tok.apply_chat_template(  # type: ignore[attr-defined]
+            [{"role": "user", "content": t}], add_generation_prompt=True
+        )
+        ids.append(list(x["input_ids"] if hasattr(x, "keys") else x)[-max_prompt:])
+    win = 8 * batch
+    return [x for w in range(0, len(ids), win) for x in sorted(ids[w : w + win], key=len)]
+
+
 def write_shards(
     model_dir: Path,
     prompts_path: Path,
     out: Path,
     n_batches: int,
-    batch: int = 32,
-    gen_len: int = 96,
-    max_prompt: int = 192,
+    batch: int = 128,
+    gen_len: int = 160,
+    max_prompt: int = 128,
     progress: Callable[[int, int], None] | None = None,
 ) -> None:
-    """Generate the missing shards 0..n_batches-1 (see the module docstring)."""
+    """Generate the missing shards 0..n_batches-1 (see the module docstring): bfloat16
+    greedy continuations, ``batch`` prompts per forward (``batch_greedy``)."""
+    prompts = read_prompts(prompts_path)
+    if n_batches * batch > len(prompts):
+        raise DraftwiseError(
+            f"{prompts_path} has {len(prompts)} prompts; {n_batches} shards of {batch} "
+            f"need {n_batches * batch}"
+        )
     todo = [i for i in range(n_batches) if not _shard(out, i).is_file()]
     if not todo:
         return
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from draftwise.backends.cuda.batch_greedy import greedy_continuations
+    from draftwise.backends.cuda.llama import Llama
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    prompts = read_prompts(prompts_path)
+    model = Llama.load(model_dir, torch.bfloat16, torch.device("cpu"), max_cache_len=1)
+    ordered = shard_prompts(tok, prompts[: n_batches * batch], batch, max_prompt)
     for done, i in enumerate(todo):
-        texts = prompts[(i * batch) % len(prompts) :][:batch]
-        ids = [
-            tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
-            for t in texts
-        ]
-        ids = [list(x["input_ids"] if hasattr(x, "keys") else x)[-max_prompt:] for x in ids]
-        tokens, hidden, valid = _generate(model, ids, gen_len, tok.eos_token_id)
+        ids = ordered[i * batch : (i + 1) * batch]
+        tokens, hidden, valid = greedy_continuations(model, ids, gen_len, tok.eos_token_id)
         buf = io.BytesIO()
         np.savez(buf, tokens=tokens, hidden=hidden, valid=valid)
         atomic_write(_shard(out, i), buf.getvalue())
         if progress is not None:
             progress(done + 1, len(todo))
-
-
-@torch.inference_mode()
-def _generate(
-    model: torch.nn.Module, prompts: list[list[int]], gen_len: int, eos: int | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Greedy continuation of left-padded prompts, one forward per token for the batch."""
-    b, p = len(prompts), max(len(x) for x in prompts)
-    ids = torch.zeros((b, p), dtype=torch.long)  # (B, P)
-    att = torch.zeros((b, p), dtype=torch.long)  # (B, P)
-    for r, x in enumerate(prompts):
-        ids[r, p - len(x) :] = torch.tensor(x)
-        att[r, p - len(x) :] = 1
-    pos = (att.cumsum(-1) - 1).clamp(min=0)  # (B, P)
-    out = model(input_ids=ids, attention_mask=att, position_ids=pos, output_hidden_states=True)
-    cache = out.past_key_values
-    toks, hids = [], []
-    alive = torch.ones(b, dtype=torch.bool)  # (B,)
-    valid = []
-    logits, h = out.logits[:, -1], out.hidden_states[-1][:, -1]  # (B, V), (B, C)
-    next_pos = pos[:, -1] + 1  # (B,)
-    for _ in range(gen_len):
-        nxt = logits.argmax(-1)  # (B,)
-        toks.append(nxt)
-        hids.append(h.half())
-        valid.append(alive.clone())
-        if eos is not None:
-            alive &= nxt != eos
-        att = torch.cat([att, torch.ones((b, 1), dtype=torch.long)], dim=1)  # (B, P+t)
-        out = model(
-            input_ids=nxt[:, None],
-            attention_mask=att,
-            position_ids=next_pos[:, None],
-            past_key_values=cache,
-            output_hidden_states=True,
-        )
-        cache, next_pos = out.past_key_values, next_pos + 1
-        logits, h = out.logits[:, -1], out.hidden_states[-1][:, -1]
-    tokens = torch.stack(toks, 1).to(torch.int32).numpy()  # (B, L)
-    hidden = torch.stack(hids, 1).numpy()  # (B, L, C)
-    return tokens, hidden, torch.stack(valid, 1).numpy()  # (B, L)
 
 
 def _forced(out: Path, i: int) -> Path:
