@@ -104,31 +104,31 @@ def dedup_beams(beams: Beams, budget: int | None = None) -> BeamTree:
     nodes of highest path probability (a parent is never less probable than its child,
     so the kept nodes always include their parents)."""
     bw, t = beams.tokens.shape
-    parent_of: list[np.ndarray] = []
-    tok_of: list[np.ndarray] = []
-    lp_of: list[np.ndarray] = []
-    path_of: list[np.ndarray] = []
+    # A Python dict per depth: BW x T is small (at most a few hundred), where np.unique
+    # over (parent, token) pairs cost ~1 ms a proposal.
+    toks = beams.tokens.tolist()
     cum = np.cumsum(beams.logp, axis=1)  # (BW, T): path log-prob of each beam prefix
-    n = 0
-    prev = np.full(bw, -1, np.int64)  # (BW,) node of the previous position
+    node_of = [-1] * bw  # node of each beam at the previous depth
+    parents_l: list[int] = []
+    beam_l: list[int] = []  # representative beam of each node (the best reaching it)
+    depth_l: list[int] = []
     for d in range(t):
-        key = np.stack([prev, beams.tokens[:, d]], axis=1)  # (BW, 2)
-        # First occurrence order: beams are sorted best first.
-        _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
-        inv = inv.reshape(-1)
-        rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")  # unique -> order
-        ids = n + rank[inv]  # (BW,)
-        order = np.sort(first)  # (U,) representative beam of each new node, in id order
-        parent_of.append(prev[order])
-        tok_of.append(beams.tokens[order, d])
-        lp_of.append(beams.logp[order, d])
-        path_of.append(cum[order, d])
-        prev = ids
-        n += order.size
-    parents = np.concatenate(parent_of)
-    tokens = np.concatenate(tok_of)
-    logp = np.concatenate(lp_of)
-    path = np.concatenate(path_of)
+        seen: dict[tuple[int, int], int] = {}
+        for i in range(bw):
+            key = (node_of[i], toks[i][d])
+            node = seen.get(key)
+            if node is None:
+                node = seen[key] = len(parents_l)
+                parents_l.append(key[0])
+                beam_l.append(i)
+                depth_l.append(d)
+            node_of[i] = node
+    n = len(parents_l)
+    rep, dep = np.array(beam_l, np.int64), np.array(depth_l, np.int64)  # (N,), (N,)
+    parents = np.array(parents_l, np.int64)
+    tokens = beams.tokens[rep, dep]
+    logp = beams.logp[rep, dep]
+    path = cum[rep, dep]
     tree = DraftTree(tokens, parents, prob=np.exp(logp))
     if budget is not None and budget < n:
         depth = tree.depth
