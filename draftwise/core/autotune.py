@@ -213,6 +213,15 @@ class AutoDrafter:
         ]
         self.acc = AcceptanceModel(n_sources=len(self.members), prob_sources=self._prob_sources)
         self.last_budget = 0
+        # beam members (ReDrafter): their width and length are sized each step from what
+        # the cost-curve planner took of their last tree (``_size_beams``), up to the
+        # member's own settings; ``beam_sizes`` is the last step's (bw, t) per member
+        self._beams = {
+            i: (int(m.bw), int(m.t))  # type: ignore[attr-defined]
+            for i, m in enumerate(self.members)
+            if getattr(m, "sized_by_planner", False)
+        }
+        self.beam_sizes: dict[int, tuple[int, int]] = dict(self._beams)
         # (full tree, root index, its acceptance cells) awaiting the tokens that judge it
         self._pending: deque[tuple[DraftTree, int, tuple[np.ndarray, ...]]] = deque()
 
@@ -226,6 +235,9 @@ class AutoDrafter:
     def reset(self) -> None:
         for m in self.members:
             m.reset()
+        for i, (bw, t) in self._beams.items():  # a new text starts at the full settings
+            self.members[i].bw, self.members[i].t = bw, t  # type: ignore[attr-defined]
+            self.beam_sizes[i] = (bw, t)
         self.acc = AcceptanceModel(n_sources=len(self.members), prob_sources=self._prob_sources)
         self._pending.clear()
 
@@ -246,7 +258,27 @@ class AutoDrafter:
         self._pending.append((full, context.size, index))
         chosen = choose_subtree(full, self.acc, self.cost, context.size, cap, index)
         self.last_budget = len(chosen)
+        if self._beams:
+            self._size_beams(chosen)
         return chosen
+
+    def _size_beams(self, chosen: DraftTree) -> None:
+        """Next step's beam width and length of each beam member: one more than the
+        widest level and the depth the planner kept of its nodes this step (at least 1,
+        at most the member's settings), so drafting effort follows what the device's cost
+        curve affords instead of always paying for ``bw x t`` beam tokens.
+
+        Example: a member at bw=4, t=5 whose nodes the planner kept at depths 1, 1, 2
+        drafts at bw=3, t=3 next."""
+        for i, (bw_max, t_max) in self._beams.items():
+            mine = chosen.source == i if chosen.source is not None else np.zeros(0, bool)
+            depth = chosen.depth[mine]
+            used_t = int(depth.max()) if depth.size else 0
+            used_bw = int(np.bincount(depth).max()) if depth.size else 0
+            bw, t = min(bw_max, used_bw + 1), min(t_max, used_t + 1)
+            member = self.members[i]
+            member.bw, member.t = bw, t  # type: ignore[attr-defined]
+            self.beam_sizes[i] = (bw, t)
 
     def save(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
         """Save the members' learnt state (the acceptance model is cheap to relearn)."""

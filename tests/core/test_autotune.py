@@ -225,3 +225,40 @@ def test_auto_calibrates_a_member_that_states_probabilities():
     assert auto.acc.node_probs(auto.propose(np.array([3, 4]), 8))[0] == pytest.approx(0.9)
     with pytest.raises(DraftwiseError, match="one probability per node, got 1 for 2"):
         DraftTree.chain([1, 2]).with_prob(np.array([0.5]))
+
+
+def test_beam_member_is_sized_by_what_the_planner_keeps():
+    """A beam member's width and length follow the nodes the cost-curve planner kept of
+    its last tree (one more than the kept width and depth, within its own settings); a
+    new text starts at the full settings again."""
+
+    class Beam:
+        name, sized_by_planner = "beam", True
+
+        def __init__(self) -> None:
+            self.bw, self.t, self.seen = 4, 5, []
+
+        def reset(self) -> None: ...
+        def begin(self, prompt: np.ndarray) -> None: ...
+        def update(self, context: np.ndarray, n_new: int) -> None: ...
+
+        def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+            self.seen.append((self.bw, self.t))
+            paths = [[10 + b] + [20 + b * 10 + d for d in range(self.t - 1)] for b in range(self.bw)]
+            return DraftTree.from_paths(paths)
+
+    beam = Beam()
+    flat = CostModel(rows=[1, 64], ms=[10.0, 10.0])  # every node is worth verifying
+    auto = AutoDrafter([beam], flat, max_budget=64)
+    auto.propose(np.array([3, 4]), 64)
+    assert beam.seen == [(4, 5)] and auto.beam_sizes[0] == (4, 5)  # all kept: stays full
+    steep = CostModel(rows=[1, 2, 3, 4, 64], ms=[10.0, 10.5, 11.0, 40.0, 2000.0])
+    auto.cost = auto.greedy_cost = steep  # three nodes at most pay
+    kept = auto.propose(np.array([3, 4]), 64)
+    assert 0 < len(kept) <= 3
+    width = int(np.bincount(kept.depth).max())
+    assert auto.beam_sizes[0] == (width + 1, int(kept.max_depth) + 1) == (beam.bw, beam.t)
+    auto.propose(np.array([3, 4]), 64)
+    assert beam.seen[-1] == (width + 1, int(kept.max_depth) + 1)
+    auto.reset()
+    assert (beam.bw, beam.t) == (4, 5) == auto.beam_sizes[0]

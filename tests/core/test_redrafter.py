@@ -44,7 +44,9 @@ def test_beams_become_a_tree_of_target_ids() -> None:
     np.testing.assert_allclose(np.exp(d.last.path_logp[0]), 0.6)
     d.reset()  # a new prompt: the run's totals stay (the bench reports them)
     d.propose(np.array([7, 8, 103]), budget=64)
-    assert d.stats() == {"proposals": 2, "packed": 2 * len(tree), "unpacked": 12}
+    assert d.stats() == {
+        "proposals": 2, "packed": 2 * len(tree), "unpacked": 12, "beam_rows": 4, "beam_len": 6
+    }
 
 
 def test_budget_and_no_hidden_state() -> None:

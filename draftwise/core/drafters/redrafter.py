@@ -68,6 +68,7 @@ class ReDrafter:
     """Beam search over a ``RecurrentNet``; see the module docstring."""
 
     states_probabilities = True  # its trees carry ``prob`` (``auto`` calibrates them)
+    sized_by_planner = True  # as a member of ``auto``, bw and t are set each step
 
     def __init__(self, net: RecurrentNet, bw: int = 2, t: int = 4) -> None:
         if bw < 1 or t < 1:
@@ -80,13 +81,22 @@ class ReDrafter:
         self.proposals = 0
         self.packed = 0
         self.unpacked = 0
+        self.beam_rows = 0  # sum of bw over proposals (auto sizes it each step)
+        self.beam_len = 0  # sum of t over proposals
 
     def reset(self) -> None:
         self.last = None
 
     def stats(self) -> dict[str, int]:
-        """Totals over every proposal: ``packed`` tree nodes for ``unpacked`` beam tokens."""
-        return {"proposals": self.proposals, "packed": self.packed, "unpacked": self.unpacked}
+        """Totals over every proposal: ``packed`` tree nodes for ``unpacked`` beam tokens;
+        ``beam_rows`` / ``beam_len``: the sums of bw and t (mean = over ``proposals``)."""
+        return {
+            "proposals": self.proposals,
+            "packed": self.packed,
+            "unpacked": self.unpacked,
+            "beam_rows": self.beam_rows,
+            "beam_len": self.beam_len,
+        }
 
     def begin(self, prompt: np.ndarray) -> None:
         pass
@@ -106,6 +116,8 @@ class ReDrafter:
         out = dedup_beams(beams, budget)
         self.last = out
         self.proposals += 1
+        self.beam_rows += self.bw
+        self.beam_len += self.t
         self.packed += out.packed
         self.unpacked += out.unpacked
         return out.tree
