@@ -69,6 +69,11 @@ def test_train_drafter_greedy_recipe_end_to_end(tmp_path, default_model_dir, cap
     stamp = [s.stat().st_mtime_ns for s in shards]
     assert main(setup_arg_parser().parse_args(argv + GREEDY)) == 0
     assert [s.stat().st_mtime_ns for s in shards] == stamp
+    # other data settings on the same --out would mix two shard layouts: refused
+    longer = GREEDY[:]
+    longer[longer.index("--gen-len") + 1] = "7"
+    with pytest.raises(DraftwiseError, match=r"other settings \(gen_len 6 -> 7\)"):
+        main(setup_arg_parser().parse_args(argv + longer))
     # more shards than the corpus has prompts: refused before any model work
     more = GREEDY[:]
     more[more.index("--batches") + 1] = "4"

@@ -244,7 +244,8 @@ def test_beam_member_is_sized_by_what_the_planner_keeps():
 
         def propose(self, context: np.ndarray, budget: int) -> DraftTree:
             self.seen.append((self.bw, self.t))
-            paths = [[10 + b] + [20 + b * 10 + d for d in range(self.t - 1)] for b in range(self.bw)]
+            paths = [[10 + b] + [20 + b * 10 + d for d in range(self.t - 1)]
+                     for b in range(self.bw)]
             return DraftTree.from_paths(paths)
 
     beam = Beam()

@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import random
@@ -84,9 +85,24 @@ def write_shards(
             f"{prompts_path} has {len(prompts)} prompts; {n_batches} shards of {batch} "
             f"need {n_batches * batch}"
         )
+    # the shards' prompts depend on these: a resumed run must not mix two layouts
+    digest = hashlib.sha256(prompts_path.read_bytes()).hexdigest()[:16]
+    settings = {"prompts_sha256": digest, "n_batches": n_batches, "batch": batch,
+                "gen_len": gen_len, "max_prompt": max_prompt}
+    meta = out / "data.json"
+    if meta.is_file():
+        old = json.loads(meta.read_text())
+        if old != settings:
+            diff = ", ".join(
+                f"{k} {old.get(k)} -> {v}" for k, v in settings.items() if old.get(k) != v
+            )
+            raise DraftwiseError(
+                f"{out} holds shards made with other settings ({diff}); use another --out"
+            )
     todo = [i for i in range(n_batches) if not _shard(out, i).is_file()]
     if not todo:
         return
+    atomic_write(meta, (json.dumps(settings, indent=1) + "\n").encode())
     from transformers import AutoTokenizer
 
     from draftwise.backends.cuda.batch_greedy import greedy_continuations

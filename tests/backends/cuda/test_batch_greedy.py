@@ -37,7 +37,8 @@ def test_batch_equals_each_prompt_alone_and_transformers(setup):  # type: ignore
     for r, p in enumerate(prompts):
         t1, h1, _ = greedy_continuations(model, [p], N, eos=None)
         assert t1[0].tolist() == tokens[r].tolist()
-        np.testing.assert_allclose(h1[0].astype(np.float32), hidden[r].astype(np.float32), atol=2e-2)
+        np.testing.assert_allclose(h1[0].astype(np.float32), hidden[r].astype(np.float32),
+                                   atol=2e-2)
         with torch.inference_mode():
             ids = torch.tensor([p])
             want = hf.generate(ids, max_new_tokens=N, do_sample=False, pad_token_id=0)[0, len(p) :]
