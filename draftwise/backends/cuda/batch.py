@@ -33,8 +33,8 @@ from draftwise.core.batch import check_drafts
 from draftwise.errors import DraftwiseError
 
 
-def _mlp_block(model: Llama, li: int, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    """Residual + o_proj, then the MLP of layer ``li``; x, o: (R, C), (R, H D)."""
+def mlp_block(model: Llama, li: int, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """Residual + o_proj, then the MLP of layer ``li``; x, o: (..., C), (..., H D)."""
     layer = model.layers[li]
     x = x + linear(o, layer.wo)  # (R, C)
     hn = rms_norm(x, layer.mlp_norm, model.cfg.norm_eps)
@@ -53,7 +53,7 @@ def single_token_logits(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
         qkv = linear(hn, layer.wqkv, layer.bqkv)  # (B, (H + 2 H_kv) D)
         v = qkv[:, (h + hkv) * d :].view(b, hkv, 1, d)  # (B, H_kv, 1, D)
         o = v.expand(b, hkv, model.n_rep, d).reshape(b, h * d)  # q head j reads kv j // rep
-        x = _mlp_block(model, li, x, o)
+        x = mlp_block(model, li, x, o)
     return model.logits(rms_norm(x, model.norm, cfg.norm_eps))  # (B, V)
 
 
@@ -116,7 +116,7 @@ class BatchMixin:
                 kv_new[li, 1] = qkv[:, (h + hkv) * dd :].view(k, t, hkv, dd).permute(2, 0, 1, 3)
                 o = _attend(q, model.cache[li, :, :, :start], kv_new[li], own_mask)
                 o = o.view(hkv, k, rep, t, dd).permute(1, 3, 0, 2, 4).reshape(k * t, h * dd)
-                x = _mlp_block(model, li, x, o)
+                x = mlp_block(model, li, x, o)
             logits = model.logits(rms_norm(x, model.norm, cfg.norm_eps))  # (k t, V)
             self._batch_kv = kv_new
             self._pending = 0  # type: ignore[attr-defined]  # a tree commit is now invalid

@@ -23,18 +23,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from draftwise.backends.cuda.batch import mlp_block
 from draftwise.backends.cuda.int4 import linear
 from draftwise.backends.cuda.llama import Llama, rms_norm, rope_tables
 from draftwise.errors import DraftwiseError
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, T, H, D), cos/sin (B, T, 1, D): rotate_half, as transformers."""
-    half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rot * sin
 
 
 class _Batch:
@@ -74,7 +67,7 @@ def _forward(
     for li, layer in enumerate(model.layers):
         hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)
         qkv = linear(hn, layer.wqkv, layer.bqkv)  # (B', T, (H + 2 H_kv) D)
-        qk = _rope(qkv[..., : (h + hkv) * d].view(b, t, h + hkv, d), cos, sin)
+        qk = model._rope(qkv[..., : (h + hkv) * d].view(b, t, h + hkv, d), cos, sin)
         q = qk[:, :, :h]  # (B', T, H, D)
         kv = st.kv[li, :, rows]  # (2, B', H_kv, S, D)
         kv[0, :, :, start : start + t] = qk[:, :, h:].transpose(1, 2)
@@ -86,10 +79,7 @@ def _forward(
         p = s.masked_fill(~allowed, float("-inf")).softmax(-1).to(x.dtype)
         o = torch.matmul(p, kv[1])  # (B', H_kv, rep T, D)
         o = o.view(b, hkv, rep, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)
-        x = x + linear(o, layer.wo)
-        hn = rms_norm(x, layer.mlp_norm, cfg.norm_eps)
-        gate, up = linear(hn, layer.w13).chunk(2, dim=-1)
-        x = x + linear(F.silu(gate) * up, layer.w2)
+        x = mlp_block(model, li, x, o)  # (B', T, C)
     return x
 
 
