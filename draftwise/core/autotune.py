@@ -215,13 +215,12 @@ class AutoDrafter:
         self.last_budget = 0
         # beam members (ReDrafter): their width and length are sized each step from what
         # the cost-curve planner took of their last tree (``_size_beams``), up to the
-        # member's own settings; ``beam_sizes`` is the last step's (bw, t) per member
+        # member's own settings (kept here: the largest sizes)
         self._beams = {
             i: (int(m.bw), int(m.t))  # type: ignore[attr-defined]
             for i, m in enumerate(self.members)
             if getattr(m, "sized_by_planner", False)
         }
-        self.beam_sizes: dict[int, tuple[int, int]] = dict(self._beams)
         # (full tree, root index, its acceptance cells) awaiting the tokens that judge it
         self._pending: deque[tuple[DraftTree, int, tuple[np.ndarray, ...]]] = deque()
 
@@ -237,7 +236,6 @@ class AutoDrafter:
             m.reset()
         for i, (bw, t) in self._beams.items():  # a new text starts at the full settings
             self.members[i].bw, self.members[i].t = bw, t  # type: ignore[attr-defined]
-            self.beam_sizes[i] = (bw, t)
         self.acc = AcceptanceModel(n_sources=len(self.members), prob_sources=self._prob_sources)
         self._pending.clear()
 
@@ -271,14 +269,20 @@ class AutoDrafter:
         Example: a member at bw=4, t=5 whose nodes the planner kept at depths 1, 1, 2
         drafts at bw=3, t=3 next."""
         for i, (bw_max, t_max) in self._beams.items():
-            mine = chosen.source == i if chosen.source is not None else np.zeros(0, bool)
-            depth = chosen.depth[mine]
+            if chosen.source is None:  # no sources: none of its nodes can be told apart
+                depth = np.zeros(0, np.int64)
+            else:
+                depth = chosen.depth[chosen.source == i]  # (kept nodes of member i,)
             used_t = int(depth.max()) if depth.size else 0
             used_bw = int(np.bincount(depth).max()) if depth.size else 0
             bw, t = min(bw_max, used_bw + 1), min(t_max, used_t + 1)
-            member = self.members[i]
-            member.bw, member.t = bw, t  # type: ignore[attr-defined]
-            self.beam_sizes[i] = (bw, t)
+            self.members[i].bw, self.members[i].t = bw, t  # type: ignore[attr-defined]
+
+    @property
+    def beam_sizes(self) -> dict[int, tuple[int, int]]:
+        """(bw, t) each beam member drafts with next, by member index."""
+        m = self.members
+        return {i: (m[i].bw, m[i].t) for i in self._beams}  # type: ignore[attr-defined]
 
     def save(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
         """Save the members' learnt state (the acceptance model is cheap to relearn)."""
