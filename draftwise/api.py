@@ -64,6 +64,7 @@ class GenerationResponse:
     drafted: int = 0  # draft-tree nodes verified by this step (the budget the drafter used)
     mean_drafted: float = 0.0  # tree nodes per step so far
     plain_steps: int = 0  # steps so far that verified no draft (plain one-token steps)
+    beam: tuple[int, int] | None = None  # (width, length) of this step's beams (redrafter)
 
     @property
     def token(self) -> int:
@@ -387,6 +388,7 @@ def _generate(
             drafted=step.drafted,
             mean_drafted=drafted_total / steps,
             plain_steps=plain_steps,
+            beam=step.beam,
         )
 
 

@@ -279,6 +279,17 @@ class AutoDrafter:
             self.members[i].bw, self.members[i].t = bw, t  # type: ignore[attr-defined]
 
     @property
+    def last_beam(self) -> tuple[int, int] | None:
+        """(rows, length) of the beams drafted for the last proposal: the beam members'
+        widths summed and their longest length; None when no member drafted beams."""
+        shapes = [
+            s for i in self._beams if (s := getattr(self.members[i], "last_beam", None))
+        ]
+        if not shapes:
+            return None
+        return sum(bw for bw, _ in shapes), max(t for _, t in shapes)
+
+    @property
     def beam_sizes(self) -> dict[int, tuple[int, int]]:
         """(bw, t) each beam member drafts with next, by member index."""
         m = self.members

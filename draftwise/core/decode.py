@@ -43,6 +43,7 @@ class Step:
     draft_s: float  # time to build the tree
     verify_s: float  # time of the forward pass, acceptance and cache commit
     finish_reason: str | None = None  # "stop", "length" or None while running
+    beam: tuple[int, int] | None = None  # (width, length) of a beam drafter's beams
 
 
 def common_prefix(a: list[int], b: np.ndarray) -> int:
@@ -146,11 +147,13 @@ class Decoder:
                     drafts = drafts[:, : min(drafts.shape[1], room, max_tokens - emitted - 1)]
                     t1 = time.perf_counter()
                     accepted, n_drafted = self._verify_batch(int(seq[n - 1]), drafts)
+                    beam = None
                     new = accepted
                     n_acc = len(accepted) - 1
                 else:
                     tree = drafter.propose(seq[:n], cap)
                     t1 = time.perf_counter()
+                    beam = getattr(drafter, "last_beam", None)
                     path, bonus = self._verify(seq[:n], tree, params, uniforms[emitted:])
                     new = [int(t) for t in tree.tokens[path]] + [bonus]
                     n_acc, n_drafted = len(path), len(tree)
@@ -170,7 +173,7 @@ class Decoder:
                 n += cut
                 emitted += cut
                 drafter.update(seq[:n], cut)
-                yield Step(new, n_acc, n_drafted, t1 - t0, t2 - t1, finish)
+                yield Step(new, n_acc, n_drafted, t1 - t0, t2 - t1, finish, beam)
                 if finish is not None:
                     return
         finally:

@@ -41,7 +41,7 @@ def test_bench_writes_four_files(default_model_dir: Path, tmp_path: Path) -> Non
             "--max-tokens",
             "8",
             "--drafters",
-            "none,cacheback,cacheback:budget=2",
+            "none,cacheback,cacheback:budget=2,redrafter:bw=2,t=3",
             "--peers",
             "hf,llama.cpp",
             "--reference-dtype",
@@ -66,7 +66,9 @@ def test_bench_writes_four_files(default_model_dir: Path, tmp_path: Path) -> Non
     assert res["complete"] is True
     recs = res["records"]
     methods = sorted(x["method"] for x in recs if x["method"] != "llama.cpp")
-    assert methods == ["cacheback", "cacheback:budget=2", "hf", "none", "none@float32"]
+    assert methods == [
+        "cacheback", "cacheback:budget=2", "hf", "none", "none@float32", "redrafter:bw=2,t=3"
+    ]
     # llama.cpp runs when llama-cpp-python is installed, else it is skipped with the reason
     assert "llama.cpp" in {x["method"] for x in recs} or "llama.cpp" in res["skipped_peers"]
     assert all(x["prompt_id"] == "qa-1" and 0 < x["tokens"] <= 8 for x in recs)
@@ -80,6 +82,14 @@ def test_bench_writes_four_files(default_model_dir: Path, tmp_path: Path) -> Non
     assert max(trees["cacheback"]) > 2  # the shipped frozen table fills more of the 16-node budget
     rows = {r["method"]: r for r in res["summary"] if r["category"] == "overall"}
     assert rows["none"]["tree_per_step"] == 0 and rows["hf"]["tree_per_step"] is None
+    # a beam drafter's beam width x length is recorded per step and averaged per row
+    rd = next(x for x in recs if x["method"] == "redrafter:bw=2,t=3")
+    assert rd["beams"] and len(rd["beams"]) == rd["steps"] and {tuple(b) for b in rd["beams"]} <= {
+        (2, 3), (0, 0)
+    }
+    assert 0 < rows["redrafter:bw=2,t=3"]["beam_width_per_step"] <= 2
+    assert rows["cacheback"]["beam_width_per_step"] is None
     assert all(rows[m]["speedup_vs_reference"] > 0 for m in ("none", "cacheback", "hf"))
     md = (out / "results.md").read_text()
     assert "| cacheback |" in md and "prefill included" in md and "vs reference" in md
+    assert "| beam bw x t |" in md

@@ -244,6 +244,7 @@ def test_beam_member_is_sized_by_what_the_planner_keeps():
 
         def propose(self, context: np.ndarray, budget: int) -> DraftTree:
             self.seen.append((self.bw, self.t))
+            self.last_beam = (self.bw, self.t)
             paths = [[10 + b] + [20 + b * 10 + d for d in range(self.t - 1)]
                      for b in range(self.bw)]
             return DraftTree.from_paths(paths)
@@ -259,7 +260,8 @@ def test_beam_member_is_sized_by_what_the_planner_keeps():
     assert 0 < len(kept) <= 3
     width = int(np.bincount(kept.depth).max())
     assert auto.beam_sizes[0] == (width + 1, int(kept.max_depth) + 1) == (beam.bw, beam.t)
+    assert auto.last_beam == (4, 5)  # the step's beams were drafted at the old sizes
     auto.propose(np.array([3, 4]), 64)
-    assert beam.seen[-1] == (width + 1, int(kept.max_depth) + 1)
+    assert beam.seen[-1] == (width + 1, int(kept.max_depth) + 1) == auto.last_beam
     auto.reset()
     assert (beam.bw, beam.t) == (4, 5) == auto.beam_sizes[0]

@@ -41,6 +41,7 @@ def test_beams_become_a_tree_of_target_ids() -> None:
     best = [int(tree.tokens[i]) for i in tree.path_to(int(np.flatnonzero(tree.depth == 3)[0]))]
     assert best == [104, 100, 101]
     assert d.last is not None and d.last.unpacked == 6 and d.last.packed == len(tree) < 6
+    assert d.last_beam == (2, 3)  # what the decoder reports per step
     np.testing.assert_allclose(np.exp(d.last.path_logp[0]), 0.6)
     d.reset()  # a new prompt: the run's totals stay (the bench reports them)
     d.propose(np.array([7, 8, 103]), budget=64)
@@ -52,7 +53,9 @@ def test_beams_become_a_tree_of_target_ids() -> None:
 def test_budget_and_no_hidden_state() -> None:
     d = ReDrafter(FakeNet(), bw=3, t=4)
     assert len(d.propose(np.array([1, 2]), budget=5)) == 5
+    assert d.last_beam == (3, 4)
     assert len(ReDrafter(FakeNet(ready=False)).propose(np.array([1, 2]), budget=8)) == 0
     assert len(d.propose(np.array([1, 2]), budget=0)) == 0
+    assert d.last_beam is None  # no beams drafted this step
     with pytest.raises(DraftwiseError, match="bw=0"):
         ReDrafter(FakeNet(), bw=0)

@@ -63,6 +63,8 @@ class SummaryRow:
     identical_rate: float | None
     tree_per_step: float | None = None  # draft nodes verified per step (the budget used)
     speedup_vs_reference: float | None = None  # mean tok/s over the reference method's
+    beam_width_per_step: float | None = None  # beam drafters: mean beams drafted per step
+    beam_length_per_step: float | None = None  # and their mean length (0 on beamless steps)
 
 
     def to_json(self) -> dict[str, Any]:
@@ -163,7 +165,16 @@ def _row(
         if first.kind != PEER
         else None,
         speedup_vs_reference=_mean_ratio(group, reference) if reference else None,
+        beam_width_per_step=_beam_mean(group, 0, steps),
+        beam_length_per_step=_beam_mean(group, 1, steps),
     )
+
+
+def _beam_mean(group: Sequence[TurnRecord], k: int, steps: int) -> float | None:
+    """Mean beam width (k=0) or length (k=1) per step; None for a method without beams."""
+    if not any(r.beams for r in group):
+        return None
+    return _per_step(float(sum(b[k] for r in group for b in r.beams)), steps)
 
 
 def summarize(records: Sequence[TurnRecord]) -> list[SummaryRow]:

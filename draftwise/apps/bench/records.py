@@ -36,6 +36,7 @@ class TurnResult:
     verify_ms: float | None = None
     finish_reason: str | None = None
     tree_sizes: list[int] = field(default_factory=list)  # draft nodes verified per step
+    beams: list[list[int]] = field(default_factory=list)  # [width, length] of beams per step
 
     @property
     def tokens(self) -> int:
@@ -74,6 +75,7 @@ class TurnRecord:
     pass_no: int = 1  # 2 for the second pass of --lifetime
     identical: bool | None = None  # output equals the baseline's (set by metrics)
     tree_sizes: list[int] = field(default_factory=list)  # draft nodes verified per step
+    beams: list[list[int]] = field(default_factory=list)  # [width, length] of beams per step
 
     @classmethod
     def from_result(
@@ -108,6 +110,7 @@ class TurnRecord:
             wall_s_repeats=[res.wall_s],
             pass_no=pass_no,
             tree_sizes=list(res.tree_sizes),
+            beams=[list(b) for b in res.beams],
         )
 
     @property

@@ -103,10 +103,15 @@ def _fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
 
 def _table(rows: Sequence[dict[str, Any]]) -> list[str]:
     ref = any(r.get("speedup_vs_reference") is not None for r in rows)
+    beam = any(r.get("beam_width_per_step") is not None for r in rows)
     out = [
         "| method | turns | tokens | tok/s | speedup | median | decode | MAT | tree "
-        "| draft ms/step | verify ms/step | identical |" + (" vs reference |" if ref else ""),
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|" + ("--:|" if ref else ""),
+        + ("| beam bw x t " if beam else "")
+        + "| draft ms/step | verify ms/step | identical |"
+        + (" vs reference |" if ref else ""),
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+        + ("--:|" if beam else "")
+        + ("--:|" if ref else ""),
     ]
     for r in rows:
         ident = (
@@ -119,10 +124,17 @@ def _table(rows: Sequence[dict[str, Any]]) -> list[str]:
             f"| {_fmt(r['speedup'], 2, 'x')} | {_fmt(r['speedup_median'], 2, 'x')} "
             f"| {_fmt(r['decode_speedup'], 2, 'x')} | {_fmt(r['mat'])} "
             f"| {_fmt(r.get('tree_per_step'), 1)} "
-            f"| {_fmt(r['draft_ms_per_step'])} | {_fmt(r['verify_ms_per_step'])} | {ident} |"
+            + (f"| {_beam(r)} " if beam else "")
+            + f"| {_fmt(r['draft_ms_per_step'])} | {_fmt(r['verify_ms_per_step'])} | {ident} |"
             + (f" {_fmt(r.get('speedup_vs_reference'), 2, 'x')} |" if ref else "")
         )
     return out
+
+
+def _beam(r: dict[str, Any]) -> str:
+    """Mean beam width x length per step, e.g. ``2.4 x 3.1``; blank without beams."""
+    w, t = r.get("beam_width_per_step"), r.get("beam_length_per_step")
+    return "" if w is None or t is None else f"{w:.1f} x {t:.1f}"
 
 
 def _matrix(rows: Sequence[dict[str, Any]], categories: list[str]) -> list[str]:

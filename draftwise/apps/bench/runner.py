@@ -123,6 +123,7 @@ class DraftwiseMethod:
             self.model.set_threads(self.threads)
         lengths: list[int] = []
         trees: list[int] = []
+        beams: list[list[int]] = []  # [width, length] per step; [0, 0]: no beams that step
         last = None
         self._sync()
         t0 = time.perf_counter()
@@ -131,6 +132,7 @@ class DraftwiseMethod:
         ):
             lengths.append(len(r.tokens))
             trees.append(r.drafted)
+            beams.append(list(r.beam) if r.beam is not None else [0, 0])
             last = r
         self._sync()
         wall = time.perf_counter() - t0
@@ -142,6 +144,7 @@ class DraftwiseMethod:
             prefill_s=min(last.prompt_tokens / last.prompt_tps, wall),
             accept_lengths=lengths,
             tree_sizes=trees,
+            beams=beams if any(b[0] for b in beams) else [],
             draft_ms=last.draft_ms,
             verify_ms=last.verify_ms,
             finish_reason=last.finish_reason,

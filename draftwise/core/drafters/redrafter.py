@@ -13,6 +13,7 @@ Example::
     d = ReDrafter(net, bw=2, t=4)
     tree = d.propose(context, budget=16)   # at most 2 * 4 nodes, fewer when beams share
     d.last.packed, d.last.unpacked         # nodes verified vs tokens in the beams
+    d.last_beam                            # (2, 4): the beams' width and length
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class ReDrafter:
         self.net, self.bw, self.t = net, bw, t
         self.name = "redrafter"
         self.last: BeamTree | None = None  # the last proposal, with its draft probabilities
+        self.last_beam: tuple[int, int] | None = None  # (bw, t) of the last proposal's beams
         # totals over the drafter's life (not cleared by ``reset``): proposals, tree nodes
         # vs beam tokens (seed 001 Figure 6 left)
         self.proposals = 0
@@ -86,6 +88,7 @@ class ReDrafter:
 
     def reset(self) -> None:
         self.last = None
+        self.last_beam = None
 
     def stats(self) -> dict[str, int]:
         """Totals over every proposal: ``packed`` tree nodes for ``unpacked`` beam tokens;
@@ -102,7 +105,7 @@ class ReDrafter:
         pass
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
-        self.last = None
+        self.last, self.last_beam = None, None
         if budget < 1 or context.size < 2 or not self.net.start(int(context.size) - 1):
             return DraftTree.empty()
         ids = self.net.vocab_ids
@@ -114,7 +117,7 @@ class ReDrafter:
         beams = beam_search(step, int(context[-1]), self.bw, self.t)
         beams = type(beams)(ids[beams.tokens], beams.logp, beams.score)
         out = dedup_beams(beams, budget)
-        self.last = out
+        self.last, self.last_beam = out, (self.bw, self.t)
         self.proposals += 1
         self.beam_rows += self.bw
         self.beam_len += self.t
