@@ -44,7 +44,7 @@ import numpy as np
 
 from draftwise.core.costmodel import CostModel
 from draftwise.core.drafters.base import Drafter
-from draftwise.core.drafters.compose import load_members, save_members
+from draftwise.core.drafters.compose import beams_of, load_members, save_members
 from draftwise.core.tree import DraftTree, merge_trees, path_reduce
 from draftwise.errors import DraftwiseError
 
@@ -280,14 +280,8 @@ class AutoDrafter:
 
     @property
     def last_beam(self) -> tuple[int, int] | None:
-        """(rows, length) of the beams drafted for the last proposal: the beam members'
-        widths summed and their longest length; None when no member drafted beams."""
-        shapes = [
-            s for i in self._beams if (s := getattr(self.members[i], "last_beam", None))
-        ]
-        if not shapes:
-            return None
-        return sum(bw for bw, _ in shapes), max(t for _, t in shapes)
+        """(rows, length) of the beams drafted for the last proposal (``beams_of``)."""
+        return beams_of([self.members[i] for i in self._beams])
 
     @property
     def beam_sizes(self) -> dict[int, tuple[int, int]]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from draftwise.core.drafters.base import NoDrafter
+from draftwise.core.drafters.compose import Capped, Combined
 from draftwise.core.drafters.redrafter import RecurrentNet, ReDrafter
 from draftwise.errors import DraftwiseError
 
@@ -59,3 +61,16 @@ def test_budget_and_no_hidden_state() -> None:
     assert d.last_beam is None  # no beams drafted this step
     with pytest.raises(DraftwiseError, match="bw=0"):
         ReDrafter(FakeNet(), bw=0)
+
+
+def test_wrappers_report_the_beams() -> None:
+    """``budget=N`` (Capped) and ``a+b`` (Combined) pass on what their beam members drafted
+    (the bench's per-step beam column) and Capped its member's counters."""
+    capped = Capped(ReDrafter(FakeNet(), bw=2, t=3), 4)
+    assert capped.last_beam is None
+    assert len(capped.propose(np.array([1, 2]), budget=64)) <= 4
+    assert capped.last_beam == (2, 3) and capped.stats()["beam_rows"] == 2
+    both = Combined([ReDrafter(FakeNet(), bw=2, t=3), NoDrafter(), ReDrafter(FakeNet(), bw=3, t=2)])
+    both.propose(np.array([1, 2]), budget=64)
+    assert both.last_beam == (5, 3)
+    assert Capped(NoDrafter(), 4).stats() == {} and Combined([NoDrafter()]).last_beam is None

@@ -59,6 +59,23 @@ def load_members(members: Sequence[Drafter], path: str | os.PathLike[str], token
             m.load(member_path(path, i, m), tokenizer_id)
 
 
+def beams_of(members: Sequence[Drafter]) -> tuple[int, int] | None:
+    """(rows, length) of the beams the members drafted for their last proposal (beam
+    drafters such as ReDrafter keep ``last_beam``): widths summed, the longest length;
+    None when no member drafted beams.
+
+    Example::
+
+        >>> from draftwise.core.drafters.base import NoDrafter
+        >>> beams_of([NoDrafter()]) is None
+        True
+    """
+    shapes = [s for m in members if (s := getattr(m, "last_beam", None))]
+    if not shapes:
+        return None
+    return sum(bw for bw, _ in shapes), max(t for _, t in shapes)
+
+
 class Combined:
     """The union of several drafters' trees within one budget."""
 
@@ -81,6 +98,10 @@ class Combined:
             return DraftTree.empty()
         trees = [m.propose(context, budget) for m in self.members]
         return merge_trees(trees, budget)
+
+    @property
+    def last_beam(self) -> tuple[int, int] | None:
+        return beams_of(self.members)
 
     def update(self, context: np.ndarray, n_new: int) -> None:
         for m in self.members:
@@ -124,6 +145,15 @@ class Capped:
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         return self.inner.propose(context, min(budget, self.cap))
+
+    @property
+    def last_beam(self) -> tuple[int, int] | None:
+        return beams_of([self.inner])
+
+    def stats(self) -> dict[str, int]:
+        """The inner drafter's counters, if it keeps any (the bench reports them)."""
+        inner = getattr(self.inner, "stats", None)
+        return dict(inner()) if callable(inner) else {}
 
     def update(self, context: np.ndarray, n_new: int) -> None:
         self.inner.update(context, n_new)
