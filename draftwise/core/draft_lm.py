@@ -24,6 +24,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from draftwise.errors import DraftwiseError
+
 
 @runtime_checkable
 class DraftLM(Protocol):
@@ -63,3 +65,64 @@ class DraftLM(Protocol):
         """Keep only scratch ``slots`` (K,), compacted in that order; their first
         ``n_commit`` become cached context tokens (a chain, in order), the rest stay
         scratch rows numbered from 0."""
+
+
+class ScratchSlots:
+    """The scratch bookkeeping every backend's draft model shares, as a mixin placed
+    before the backend class (``class TorchDraftLM(ScratchSlots, TorchBackend)``): a
+    count of the scratch rows computed since the last ``prefill``/``trim``/``reset``
+    (which drop them), the check every ``expand`` starts with, and ``keep``; the backend
+    supplies only ``_move_slots`` (its tensor gather) and the cache length ``_len``.
+
+    Example::
+
+        r, s0 = self.scratch_rows(tokens, mask)   # R new rows after S0 existing ones
+        ...                                       # the backend's forward
+        self._scratch += r
+    """
+
+    _scratch: int = 0
+
+    @property
+    def scratch_len(self) -> int:
+        return self._scratch
+
+    def reset(self) -> None:
+        super().reset()  # type: ignore[misc]
+        self._scratch = 0
+
+    def trim(self, n: int) -> None:
+        super().trim(n)  # type: ignore[misc]
+        self._scratch = 0
+
+    def prefill(self, tokens: np.ndarray) -> None:
+        self._scratch = 0
+        super().prefill(tokens)  # type: ignore[misc]
+
+    def scratch_rows(self, tokens: np.ndarray, mask: np.ndarray) -> tuple[int, int]:
+        """(R, S0): the new rows ``tokens`` (R,) and the scratch rows before them, once
+        ``mask`` is (R, S0 + R) and the cache has room for them (else a one-line error)."""
+        r, s0 = int(tokens.size), self._scratch
+        if mask.shape != (r, s0 + r):
+            raise DraftwiseError(f"draft mask must be ({r}, {s0 + r}), got {mask.shape}")
+        self._check_room("draft", s0 + r)  # type: ignore[attr-defined]
+        return r, s0
+
+    def keep(self, slots: np.ndarray, n_commit: int) -> None:
+        """``DraftLM.keep``: validated here, the rows moved by the backend."""
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        if not 0 <= n_commit <= slots.size or (
+            slots.size and (slots.min() < 0 or slots.max() >= self._scratch)
+        ):
+            raise DraftwiseError(
+                f"keep {slots.tolist()} (commit {n_commit}) outside {self._scratch} scratch rows"
+            )
+        n = self._len  # type: ignore[attr-defined]
+        if slots.size and not np.array_equal(slots, np.arange(slots.size)):
+            self._move_slots(n + slots, n)
+        self._len = n + n_commit
+        self._scratch = int(slots.size) - n_commit
+
+    def _move_slots(self, src: np.ndarray, dst: int) -> None:
+        """Copy the cache slots ``src`` (K,) (absolute) to ``dst .. dst + K``, in order."""
+        raise NotImplementedError

@@ -24,6 +24,7 @@ import torch
 
 from draftwise.backends.cuda.backend import TorchBackend, weights_mode
 from draftwise.backends.cuda.llama import Llama, read_llama_config, read_weights, rope_tables
+from draftwise.core.draft_lm import ScratchSlots
 from draftwise.errors import DraftwiseError
 
 DEFAULT_SCRATCH = 512  # tree rows the draft cache holds beyond the context
@@ -68,10 +69,11 @@ def load_draft_model(model_dir: str | Path, dtype: str, device: torch.device,
     return Llama(cfg, read_weights(Path(model_dir)), compute, device, limit, q4=q4)
 
 
-class TorchDraftLM(TorchBackend):
+class TorchDraftLM(ScratchSlots, TorchBackend):
     """A draft ``Llama`` and its cache: context slots, then scratch tree rows.
 
-    Reuses the target backend's prefill and bookkeeping; adds ``expand`` and ``keep``.
+    Reuses the target backend's prefill and bookkeeping; adds ``expand`` (the scratch
+    count and ``keep``: ``core.draft_lm.ScratchSlots``).
     ``vocab_limit`` caps proposed ids at the target's vocabulary (same tokenizer, but a
     checkpoint may pad its embedding to another size).
     """
@@ -90,29 +92,10 @@ class TorchDraftLM(TorchBackend):
             bad = ids[(ids < 0) | (ids >= rows)][0]
             raise DraftwiseError(f"token id {bad} outside the draft model's vocabulary ({rows})")
 
-    @property
-    def scratch_len(self) -> int:
-        return self._scratch
-
-    def reset(self) -> None:
-        super().reset()
-        self._scratch = 0
-
-    def trim(self, n: int) -> None:
-        super().trim(n)
-        self._scratch = 0
-
-    def prefill(self, tokens: np.ndarray) -> None:
-        self._scratch = 0
-        super().prefill(tokens)
-
     def expand(
         self, tokens: np.ndarray, depths: np.ndarray, mask: np.ndarray, k: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        r, s0 = int(tokens.size), self._scratch
-        if mask.shape != (r, s0 + r):
-            raise DraftwiseError(f"draft mask must be ({r}, {s0 + r}), got {mask.shape}")
-        self._check_room("draft", s0 + r)
+        r, s0 = self.scratch_rows(tokens, mask)
         start, n = self._len + s0, self._len
         host = np.empty((r, 2 + s0 + r), np.int64)  # tokens, positions, scratch mask
         host[:, 0] = tokens
@@ -133,16 +116,6 @@ class TorchDraftLM(TorchBackend):
             self._scratch += r
             return ids.cpu().numpy().astype(np.int64), vals.cpu().numpy()
 
-    def keep(self, slots: np.ndarray, n_commit: int) -> None:
-        slots = np.asarray(slots, np.int64).reshape(-1)
-        if not 0 <= n_commit <= slots.size or (slots.size and (
-                slots.min() < 0 or slots.max() >= self._scratch)):
-            raise DraftwiseError(
-                f"keep {slots.tolist()} (commit {n_commit}) outside {self._scratch} scratch rows"
-            )
-        if slots.size and not np.array_equal(slots, np.arange(slots.size)):
-            with torch.inference_mode():
-                src = torch.from_numpy(self._len + slots).to(self.device)  # (K,)
-                self.model.move_slots(src, self._len)
-        self._len += n_commit
-        self._scratch = int(slots.size) - n_commit
+    def _move_slots(self, src: np.ndarray, dst: int) -> None:
+        with torch.inference_mode():
+            self.model.move_slots(torch.from_numpy(src).to(self.device), dst)  # (K,)

@@ -20,6 +20,7 @@ import numpy as np
 
 from draftwise.backends.mlx.backend import MLXBackend
 from draftwise.backends.mlx.llama import Llama
+from draftwise.core.draft_lm import ScratchSlots
 from draftwise.errors import DraftwiseError
 
 
@@ -37,7 +38,7 @@ def early_exit(model: Llama, n_layers: int, max_cache_len: int) -> Llama:
     return out
 
 
-class MLXDraftLM(MLXBackend):
+class MLXDraftLM(ScratchSlots, MLXBackend):
     """A draft ``Llama`` and its cache on MLX; reuses the backend's prefill."""
 
     def __init__(self, model: Llama, vocab_limit: int | None = None) -> None:
@@ -54,29 +55,10 @@ class MLXDraftLM(MLXBackend):
         self._scratch = 0
         self._rows_x = self._hidden_x = None  # the backend's hidden-state record
 
-    @property
-    def scratch_len(self) -> int:
-        return self._scratch
-
-    def reset(self) -> None:
-        super().reset()
-        self._scratch = 0
-
-    def trim(self, n: int) -> None:
-        super().trim(n)
-        self._scratch = 0
-
-    def prefill(self, tokens: np.ndarray) -> None:
-        self._scratch = 0
-        super().prefill(tokens)
-
     def expand(
         self, tokens: np.ndarray, depths: np.ndarray, mask: np.ndarray, k: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        r, s0 = int(tokens.size), self._scratch
-        if mask.shape != (r, s0 + r):
-            raise DraftwiseError(f"draft mask must be ({r}, {s0 + r}), got {mask.shape}")
-        self._check_room("draft", s0 + r)
+        r, s0 = self.scratch_rows(tokens, mask)
         ids = np.asarray(tokens, np.int64)
         self._check_ids(ids)
         n, start = self._len, self._len + s0
@@ -98,18 +80,9 @@ class MLXDraftLM(MLXBackend):
         ids_out = np.take_along_axis(top, order, 1).astype(np.int64)  # (R, k) best first
         return ids_out, np.take_along_axis(vals, order, 1)
 
-    def keep(self, slots: np.ndarray, n_commit: int) -> None:
-        slots = np.asarray(slots, np.int64).reshape(-1)
-        if not 0 <= n_commit <= slots.size or (slots.size and (
-                slots.min() < 0 or slots.max() >= self._scratch)):
-            raise DraftwiseError(
-                f"keep {slots.tolist()} (commit {n_commit}) outside {self._scratch} scratch rows"
-            )
-        if slots.size and not np.array_equal(slots, np.arange(slots.size)):
-            self.model.move_slots(mx.array((self._len + slots).astype(np.int32)), self._len)
-            mx.async_eval(self.model.cache_arrays())
-        self._len += n_commit
-        self._scratch = int(slots.size) - n_commit
+    def _move_slots(self, src: np.ndarray, dst: int) -> None:
+        self.model.move_slots(mx.array(src.astype(np.int32)), dst)
+        mx.async_eval(self.model.cache_arrays())
 
 
 def enter_worker_stream(lm: MLXDraftLM) -> str:
