@@ -20,6 +20,7 @@ Example (a root and two of its children, on any ``DraftLM``)::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -82,6 +83,8 @@ class ScratchSlots:
     """
 
     _scratch: int = 0
+    # the backend's tensor gather: cache slots ``src`` (K,) (absolute) to ``dst .. dst + K``
+    _move_slots: Callable[[np.ndarray, int], None]
 
     @property
     def scratch_len(self) -> int:
@@ -122,7 +125,3 @@ class ScratchSlots:
             self._move_slots(n + slots, n)
         self._len = n + n_commit
         self._scratch = int(slots.size) - n_commit
-
-    def _move_slots(self, src: np.ndarray, dst: int) -> None:
-        """Copy the cache slots ``src`` (K,) (absolute) to ``dst .. dst + K``, in order."""
-        raise NotImplementedError
