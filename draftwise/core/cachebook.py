@@ -33,6 +33,10 @@ class CacheBook:
     # token is valid (-1: none). Backends store the tensor; the bookkeeping lives here, so
     # reset and trim invalidate it for every backend and subclass alike.
     _hidden_len = -1
+    # Residual rows of cached positions for a drafter that attends over the context
+    # (``keep_hidden_rows``): (start, rows) segments, oldest first, rows (t, C) a device
+    # array of positions start..start+t-1. None: not recorded (no drafter asked).
+    _rows: list[tuple[int, object]] | None = None
 
     def __init__(self, context_limit: int, vocab_size: int) -> None:
         self.context_limit = context_limit
@@ -55,17 +59,59 @@ class CacheBook:
                 f"no hidden state for cache length {self._len} (held for {self._hidden_len})"
             )
 
+    def keep_hidden_rows(self) -> None:
+        """From now on, keep every cached position's last-layer residual row (see
+        ``hidden_rows``): a drafter attending over the context asks for this."""
+        if self._rows is None:
+            self._rows = []
+
+    def _record_rows(self, start: int, rows: object) -> None:
+        """The residual rows (t, C) of positions ``start..start+t-1`` (backends call this
+        on prefill and commit)."""
+        if self._rows is not None:
+            self._rows.append((start, rows))
+
+    def _rows_since(self, start: int) -> tuple[int, list[object]] | None:
+        """``(first, pieces)``: the kept rows of cached positions ``first..cache_len-1``
+        in order, ``first >= start`` (positions from before ``keep_hidden_rows``, a
+        ``load_prefix`` or a ``reset`` are not there); None when rows are not kept."""
+        if self._rows is None:
+            return None
+        pieces: list[object] = []
+        first = self._len
+        for s, rows in reversed(self._rows):
+            n = rows.shape[0]  # type: ignore[attr-defined]
+            if s + n <= start or s + n != first:
+                break  # all before ``start``, or a gap
+            cut = max(start - s, 0)
+            pieces.append(rows[cut:] if cut else rows)  # type: ignore[index]
+            first = s + cut
+        return first, pieces[::-1]
+
+    def _cut_rows(self, n: int) -> None:
+        """Forget kept rows of positions ``>= n``."""
+        if self._rows:
+            kept = []
+            for s, rows in self._rows:
+                if s < n:
+                    m = min(rows.shape[0], n - s)  # type: ignore[attr-defined]
+                    kept.append((s, rows if m == rows.shape[0] else rows[:m]))  # type: ignore
+            self._rows = kept
+
     def reset(self) -> None:
         # Nothing to clear: slots past cache_len are never read before being rewritten.
         self._len = 0
         self._pending = 0
         self._hidden_len = -1
+        if self._rows is not None:
+            self._rows = []
 
     def trim(self, n: int) -> None:
         if not 0 <= n <= self._len:
             raise DraftwiseError(f"cannot trim the cache to {n} tokens: it holds {self._len}")
         if n != self._len:
             self._hidden_len = -1
+            self._cut_rows(n)
         self._len = n
         self._pending = 0
 

@@ -112,20 +112,33 @@ class TrainRecipe:
     forced_skip: int = 8704  # corpus rows (shuffled) before the teacher-forced ones
     draft_vocab: int = 4096  # K most frequent output ids the head can draft
     resblocks: int = 1
+    context_dim: int = 256  # attention over the context (0: the plain seed 001 network)
+    context_heads: int = 4
+    context_rows: int = 16  # rows per training step of a context network
     t: int = 5  # predicted positions per training sample
     epochs: float = 2.0
     lr: float = 1e-3
-    train_batch: int = 256
+    train_batch: int = 512
 
     def check(self) -> None:
         """One-line error naming the first out-of-range setting (before any work)."""
         for f in fields(self):
             v = getattr(self, f.name)
-            low = 0 if f.name in ("forced_batches", "forced_skip") else 1
+            low = 0 if f.name in ("forced_batches", "forced_skip", "context_dim") else 1
             if f.name in ("epochs", "lr") and not v > 0:
                 raise DraftwiseError(f"--{f.name.replace('_', '-')} must be > 0, got {v}")
             if isinstance(v, int) and v < low:
                 raise DraftwiseError(f"--{f.name.replace('_', '-')} must be >= {low}, got {v}")
+        if self.context_dim % self.context_heads:
+            raise DraftwiseError(
+                f"--context-dim {self.context_dim} must be a multiple of --context-heads "
+                f"{self.context_heads}"
+            )
+        if self.context_dim and self.forced_batches:
+            raise DraftwiseError(
+                "--forced-batches trains on teacher-forced text; a context drafter "
+                "(--context-dim > 0) trains on greedy continuations only: pass --context-dim 0"
+            )
 
 
 def train_redrafter(
@@ -140,6 +153,8 @@ def train_redrafter(
 
     from draftwise.backends.cuda.redrafter import ReDrafterNet
     from draftwise.backends.cuda.redrafter_data import (
+        add_prompt_states,
+        load_prompt_states,
         load_shards,
         write_forced_shards,
         write_shards,
@@ -179,6 +194,18 @@ def train_redrafter(
         data_progress,
     )
     bar.close()
+    if recipe.context_dim:  # shards made before prompts were stored get them added
+        pbar = tqdm(total=recipe.batches, desc="data (prompts)", disable=quiet, file=sys.stderr)
+        add_prompt_states(
+            model_dir,
+            prompts,
+            out / "data",
+            recipe.batches,
+            recipe.batch,
+            recipe.max_prompt,
+            lambda i, n: pbar.update(1),
+        )
+        pbar.close()
     forced = out / "forced"
     if recipe.forced_batches > 0:
         fbar = tqdm(total=recipe.forced_batches, desc="data (forced)", disable=quiet, file=sys.stderr)
@@ -194,6 +221,8 @@ def train_redrafter(
         fbar.close()
     t_data = time.time() - t0
     g_tokens, g_hidden, g_valid, _ = load_shards(out / "data")
+    prompt: Any = None
+    held_prompt: Any = None
     if recipe.forced_batches > 0:
         tokens, hidden, valid, labels = load_shards(forced, "forced-*.npz")
         held = (g_tokens, g_hidden, g_valid)
@@ -209,6 +238,11 @@ def train_redrafter(
         tokens, hidden, valid = (a[~held_rows] for a in (g_tokens, g_hidden, g_valid))
         held = (g_tokens[held_rows], g_hidden[held_rows], g_valid[held_rows])
         labels, train_labels = tokens, None
+        if recipe.context_dim:
+            got = load_prompt_states(out / "data")
+            assert got is not None  # added above
+            prompt = tuple(a[~held_rows] for a in got)
+            held_prompt = tuple(a[held_rows] for a in got)
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
         embed = f.get_tensor("model.embed_tokens.weight").float()  # (V, C)
     vocab, cover = choose_vocab(labels, valid, recipe.draft_vocab, int(embed.shape[0]))
@@ -221,6 +255,8 @@ def train_redrafter(
         tok_id,
         weights_fingerprint(embed),
         model_dir.name,
+        context_dim=recipe.context_dim,
+        context_heads=recipe.context_heads,
     )
     if (out / "config.json").is_file():  # resuming: keep the vocabulary it was trained on
         old, _ = read_config(out)
@@ -228,8 +264,15 @@ def train_redrafter(
             raise DraftwiseError(
                 f"{out} holds a drafter for other model weights; use another --out"
             )
+        if (old.context_dim, old.context_heads) != (cfg.context_dim, cfg.context_heads):
+            raise DraftwiseError(
+                f"{out} holds a drafter with --context-dim {old.context_dim} "
+                f"--context-heads {old.context_heads}; resume with those or use another --out"
+            )
     net = ReDrafterNet(cfg, embed, torch.from_numpy(vocab))
-    s = TrainSettings(recipe.t, recipe.epochs, recipe.lr, recipe.train_batch)
+    s = TrainSettings(
+        recipe.t, recipe.epochs, recipe.lr, recipe.train_batch, context_rows=recipe.context_rows
+    )
     tbar = tqdm(desc="train (steps)", disable=quiet, file=sys.stderr)
 
     def train_progress(step: int, total: int, loss: float) -> None:
@@ -240,9 +283,9 @@ def train_redrafter(
 
     torch.manual_seed(0)
     t1 = time.time()
-    losses = train(net, tokens, hidden, valid, out, s, train_progress, train_labels)
+    losses = train(net, tokens, hidden, valid, out, s, train_progress, train_labels, prompt)
     tbar.close()
-    acc = chain_acceptance(net, *held, recipe.t)
+    acc = chain_acceptance(net, *held, recipe.t, prompt=held_prompt)
     return {
         "recipe": asdict(recipe),
         "train_tokens": int(valid.sum()),

@@ -17,7 +17,7 @@ from draftwise.errors import DraftwiseError  # noqa: E402
 TINY = [
     "--batches", "1", "--batch", "2", "--gen-len", "4", "--max-prompt", "16",
     "--forced-batches", "1", "--forced-skip", "2", "--draft-vocab", "64",
-    "--epochs", "0.1", "--train-batch", "64", "--quiet",
+    "--epochs", "0.1", "--train-batch", "64", "--context-dim", "0", "--quiet",
 ]
 
 
@@ -69,6 +69,11 @@ def test_train_drafter_greedy_recipe_end_to_end(tmp_path, default_model_dir, cap
     stamp = [s.stat().st_mtime_ns for s in shards]
     assert main(setup_arg_parser().parse_args(argv + GREEDY)) == 0
     assert [s.stat().st_mtime_ns for s in shards] == stamp
+    assert json.loads((out / "config.json").read_text())["context_dim"] == 256  # the default
+    # resuming a context network with another width: refused, nothing overwritten
+    other = GREEDY + ["--context-dim", "64"]
+    with pytest.raises(DraftwiseError, match="holds a drafter with --context-dim 256"):
+        main(setup_arg_parser().parse_args(argv + other))
     # other data settings on the same --out would mix two shard layouts: refused
     longer = GREEDY[:]
     longer[longer.index("--gen-len") + 1] = "7"
@@ -84,7 +89,9 @@ def test_train_drafter_greedy_recipe_end_to_end(tmp_path, default_model_dir, cap
 @pytest.mark.parametrize(
     ("flag", "value", "words"),
     [("--batch", "0", "--batch must be >= 1, got 0"), ("--epochs", "0", "--epochs must be > 0"),
-     ("--gen-len", "-3", "--gen-len must be >= 1, got -3")],
+     ("--gen-len", "-3", "--gen-len must be >= 1, got -3"),
+     ("--context-dim", "10", "--context-dim 10 must be a multiple of --context-heads 4"),
+     ("--forced-batches", "2", "a context drafter .* trains on greedy continuations only")],
 )
 def test_bad_recipe_values_are_refused_first(tmp_path, flag, value, words):
     argv = ["--out", str(tmp_path / "ck"), "--corpus", str(tmp_path / "p.jsonl"), flag, value]

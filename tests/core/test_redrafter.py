@@ -20,7 +20,7 @@ class FakeNet:
         self.ready = ready
         self.calls: list[tuple[list[int], list[int]]] = []
 
-    def start(self, cache_len: int) -> bool:
+    def start(self, cache_len: int, context: np.ndarray) -> bool:
         self.cache_len = cache_len
         return self.ready
 

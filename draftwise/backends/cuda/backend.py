@@ -170,6 +170,21 @@ class TorchBackend(CacheBook, BatchMixin):
         with torch.inference_mode():
             return self.model.final_hidden(self._hidden_x)  # (C,)
 
+    def hidden_rows(self, start: int) -> tuple[int, torch.Tensor | None] | None:
+        """``(first, rows)``: the last-layer hidden states (after the final norm) of cached
+        positions ``first..cache_len-1`` as (n, C), ``first >= start`` the oldest kept
+        (see ``CacheBook.keep_hidden_rows``; rows None when there are none); None when
+        rows are not kept. On the device, no sync."""
+        got = self._rows_since(start)
+        if got is None:
+            return None
+        first, pieces = got
+        if not pieces:
+            return first, None
+        with torch.inference_mode():
+            x = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # type: ignore[arg-type]
+            return first, self.model.final_hidden(x)  # (n, C)
+
     # ----- saved prefixes (core/prefixes.py) ------------------------------------------
     def save_prefix(self, n: int) -> torch.Tensor:
         """A copy of the first ``n`` cached tokens' K/V: (L, 2, H_kv, n, D)."""
@@ -185,6 +200,8 @@ class TorchBackend(CacheBook, BatchMixin):
         with torch.inference_mode():
             self.model.cache[:, :, :, :n].copy_(snapshot[:, :, :, :n])
         self._len, self._pending, self._hidden_len = n, 0, -1
+        if self._rows is not None:  # the loaded positions' rows are not known here
+            self._rows = []
 
     # ----- forward passes --------------------------------------------------------------
     def prefill(self, tokens: np.ndarray) -> None:
@@ -200,6 +217,8 @@ class TorchBackend(CacheBook, BatchMixin):
                 pos = torch.arange(start, start + t, device=self.device)  # (t,)
                 mask = causal_mask(t, start, self.device) if t > 1 else None  # (t, start+t)
                 self.model.forward(chunk, pos, start, mask, need_logits=False)
+                if self._rows is not None:
+                    self._record_rows(start, self.model.last_x)
                 self._len += t
             if ids.size:
                 assert self.model.last_x is not None
@@ -322,6 +341,10 @@ class TorchBackend(CacheBook, BatchMixin):
             with torch.inference_mode():
                 src = torch.from_numpy(self._len + keep).to(self.device)  # (K,)
                 self.model.move_slots(src, self._len)
+        if self._rows is not None and self._rows_x is not None:
+            with torch.inference_mode():  # a copy of the kept rows (the rest is freed)
+                at = torch.from_numpy(keep).to(self.device)  # (K,)
+                self._record_rows(self._len, self._rows_x.index_select(0, at))  # (K, C)
         self._len += k
         self._pending = 0
         if self._rows_x is not None:  # a view of the last kept row: no copy, no sync

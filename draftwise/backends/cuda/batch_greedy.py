@@ -139,3 +139,45 @@ def greedy_continuations(
         last = _forward(model, st, rows, nxt[:, None], nxt_pos[:, None], p + j)[:, 0]
         nxt_pos = nxt_pos + 1
     return toks.numpy(), hids.numpy(), valid.numpy()
+
+
+@torch.inference_mode()
+def prompt_states(
+    model: Llama, prompts: list[list[int]], width: int, prefill_rows: int = 16
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The prompts' own tokens and hidden states, for a drafter that attends over the
+    context: tokens (B, W) int32, hidden (B, W, C) float16, valid (B, W) bool, each
+    prompt right-aligned in ``width`` columns (its last ``width`` tokens). As in the
+    continuation, ``hidden[b, j]`` is the last-layer hidden state that predicted
+    ``tokens[b, j]`` (the previous token's); a prompt's first token has none, so it is
+    not valid. Also (B, C) float16: the state of each prompt's last token (the
+    continuation's ``hidden[b, 0]``)."""
+    if not prompts or any(len(x) == 0 for x in prompts):
+        raise DraftwiseError("prompt_states needs non-empty prompts")
+    if model.int4 or model.device.type != "cpu":
+        raise DraftwiseError("prompt_states runs a dense CPU model")
+    prompts = [x[-width:] for x in prompts]
+    b, p = len(prompts), max(len(x) for x in prompts)
+    st = _Batch(model, b, p)
+    ids = torch.zeros((b, p), dtype=torch.long)  # (B, P) left-padded
+    pos = torch.zeros((b, p), dtype=torch.long)  # (B, P)
+    for r, x in enumerate(prompts):
+        ids[r, p - len(x) :] = torch.tensor(x)
+        pos[r, p - len(x) :] = torch.arange(len(x))
+        st.ok[r, p - len(x) : p] = True
+    toks = np.zeros((b, width), np.int32)
+    hids = np.zeros((b, width, model.cfg.dim), np.float16)
+    valid = np.zeros((b, width), bool)
+    last = np.zeros((b, model.cfg.dim), np.float16)
+    for r0 in range(0, b, prefill_rows):
+        rows = slice(r0, min(b, r0 + prefill_rows))
+        c0 = p - max(len(x) for x in prompts[rows])
+        x = _forward(model, st, rows, ids[rows, c0:], pos[rows, c0:], c0)  # (B', T, C)
+        xn = model.final_hidden(x).to(torch.float16).numpy()  # (B', T, C)
+        for i, r in enumerate(range(rows.start, rows.stop)):
+            n = len(prompts[r])
+            toks[r, width - n :] = prompts[r]
+            hids[r, width - n + 1 :] = xn[i, xn.shape[1] - n : -1]  # g_0 .. g_{n-2}
+            valid[r, width - n + 1 :] = True
+            last[r] = xn[i, -1]
+    return toks, hids, valid, last

@@ -9,6 +9,14 @@ head over a reduced draft vocabulary (seed 001, with a cheap head for a small ta
   ``K`` draft-vocabulary ids (frozen, not stored) plus a trained bias per id. A token
   outside the draft vocabulary is never drafted. For SmolLM2-135M (C = 576, K = 4096)
   that is 2.3 M trained parameters instead of the reference head's 57 M.
+- context (``cfg.context_dim`` D > 0; not in seed 001): the head also reads an attention
+  over every cached position ``p`` (key from ``[g_{p-1}, e(x_p)]``, value from
+  ``[e(x_{p+1}), g_p]``, ``g`` the target's hidden states, query from ``[h, s_t, e_t]``,
+  ``H`` heads, a "nowhere" slot), added to ``s_t`` before the ResBlocks; and head 0's
+  attention weights put their mass on the next tokens ``x_{p+1}`` as a copy
+  distribution, mixed in with a trained gate (a pointer network). So the drafter can
+  continue what the context already said, which a recurrent cell on ``h`` alone cannot:
+  held-out bw=1 chain tokens per step 1.63 -> 2.17 on the same data (20 shards, 1 epoch).
 
 ``TorchRecurrentStep`` runs it for the core's beam search (``core.beam``) on the
 target's device, reading the target's hidden state from the backend with no forward.
@@ -29,8 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftwise.core.drafters.context_entries import ContextEntries
 from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig
 from draftwise.errors import DraftwiseError
+
+COPY_EPS = 1e-9  # added to the mixed probabilities before the log
 
 
 class ReDrafterNet(nn.Module):
@@ -58,6 +69,20 @@ class ReDrafterNet(nn.Module):
         self.register_buffer("vocab_ids", vocab_ids.long(), persistent=True)  # (K,)
         self.register_buffer("embed", embed.detach(), persistent=False)  # (V, C)
         self.register_buffer("rows", embed.detach()[vocab_ids.long()], persistent=False)  # (K, C)
+        col = torch.full((cfg.vocab_size,), -1, dtype=torch.long)  # (V,) id -> column
+        col[vocab_ids.long()] = torch.arange(k)
+        self.register_buffer("col", col, persistent=False)
+        d, nh = cfg.context_dim, cfg.context_heads
+        if d:
+            if d % nh:
+                raise DraftwiseError(f"context_dim {d} is not a multiple of {nh} heads")
+            self.wk = nn.Linear(2 * c, d)  # [g_{p-1}, e(x_p)] -> key of context entry p
+            self.wv = nn.Linear(2 * c, d)  # [e(x_{p+1}), g_p] -> its value
+            self.wq = nn.Linear(3 * c, d)  # [h, s_t, e_t] -> query
+            self.wo = nn.Linear(d, c)  # read-out, added to s_t before the head
+            self.gate = nn.Linear(2 * c + d, 1)  # share of the copy distribution
+            with torch.no_grad():
+                self.wo.weight.mul_(0.1)
 
     def zero_state(self, n: int) -> torch.Tensor:
         return torch.zeros(n, self.cfg.hidden, dtype=self.embed.dtype, device=self.embed.device)
@@ -74,6 +99,58 @@ class ReDrafterNet(nn.Module):
             x = x + F.silu(r(x))  # (B, 2C)
         z = self.proj(x)  # (B, C)
         return F.linear(z, self.rows, self.bias)  # (B, K)
+
+    def context_entries(
+        self, g_prev: torch.Tensor, x: torch.Tensor, x_next: torch.Tensor, g: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Keys, values and copy columns of context entries: entry ``p`` is the cached
+        token ``x_p`` with the target's hidden states ``g_{p-1}`` (that predicted it) and
+        ``g_p``, and the token that followed, ``x_{p+1}``. ``g_prev``, ``g`` (..., L, C),
+        ``x``, ``x_next`` (..., L) -> keys, values (..., L, D), columns (..., L) (the draft
+        column of ``x_{p+1}``, -1 outside the draft vocabulary)."""
+        e = self.embed
+        k = self.wk(torch.cat([g_prev, e[x]], dim=-1))  # (..., L, D)
+        v = self.wv(torch.cat([e[x_next], g], dim=-1))  # (..., L, D)
+        return k, v, self.col[x_next]
+
+    def context_logp(
+        self,
+        h: torch.Tensor,
+        s: torch.Tensor,
+        x: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        cols: torch.Tensor,
+        ok: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Draft log-probs with the context: ``h``, ``s`` (R, Q, C) hidden and RNN states,
+        ``x`` (R, Q) the tokens just fed to the cell, ``keys``, ``values`` (R, L, D),
+        ``cols`` (R, L) and ``ok`` (R, Q, L) which entries each query may see ->
+        (R, Q, K) float32 log-probs of ``(1 - g) softmax(head) + g copy``, normalized
+        (``copy`` puts head 0's attention weight of each entry on its next token's
+        column; what attending nowhere and next tokens outside the draft vocabulary leave
+        out is spread over the rest by the normalization)."""
+        r, q, _ = s.shape
+        n, nh = keys.shape[1], self.cfg.context_heads
+        dh = self.cfg.context_dim // nh
+        qv = self.wq(torch.cat([h, s, self.embed[x]], dim=-1))  # (R, Q, D)
+        qv = qv.view(r, q, nh, dh).transpose(1, 2)  # (R, H, Q, dh)
+        kv = keys.view(r, n, nh, dh).transpose(1, 2)  # (R, H, L, dh)
+        vv = values.view(r, n, nh, dh).transpose(1, 2)  # (R, H, L, dh)
+        sc = (qv @ kv.transpose(-1, -2)) * dh**-0.5  # (R, H, Q, L)
+        if ok is not None:  # (None: every entry visible to every query)
+            sc = sc.masked_fill(~ok[:, None], torch.finfo(sc.dtype).min)
+        null = torch.zeros(r, nh, q, 1, dtype=sc.dtype, device=sc.device)  # attend nowhere
+        w = torch.cat([sc, null], dim=-1).softmax(-1)[..., :n]  # (R, H, Q, L)
+        o = (w @ vv).transpose(1, 2).reshape(r, q, nh * dh)  # (R, Q, D)
+        logp = self.head(h, s + self.wo(o)).float().log_softmax(-1)  # (R, Q, K)
+        g = torch.sigmoid(self.gate(torch.cat([h, s, o], dim=-1)).float())  # (R, Q, 1)
+        src = w[:, 0].float() * (cols >= 0)[:, None, :]  # (R, Q, L)
+        copy = torch.zeros_like(logp).scatter_add_(
+            2, cols.clamp(min=0)[:, None, :].expand(r, q, n), src
+        )  # (R, Q, K)
+        p = (1 - g) * logp.exp() + g * copy + COPY_EPS  # (R, Q, K)
+        return torch.log(p / p.sum(-1, keepdim=True))  # (R, Q, K)
 
     def unroll(self, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Teacher-forced training forward: ``h`` (B, C), ``tokens`` (B, T) the drafted
@@ -98,16 +175,58 @@ class TorchRecurrentStep:
         self.vocab_ids = net.vocab_ids.cpu().numpy().astype(np.int64)  # (K,)
         self._h: torch.Tensor | None = None  # (1, C)
         self._s: torch.Tensor | None = None  # (B, C)
+        # a context network's entries (keys, values (cap, D), columns (cap,)): the first
+        # ``_m`` rows are the ones ``_book`` holds
+        self._book = ContextEntries()
+        self._kvc: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._m = 0
+        if net.cfg.context_dim:
+            backend.keep_hidden_rows()
 
-    def start(self, cache_len: int) -> bool:
+    def start(self, cache_len: int, context: np.ndarray) -> bool:
         """Read the target's hidden state of the last cached token, if it is for
-        ``cache_len`` (else the drafter skips this step)."""
+        ``cache_len`` (else the drafter skips this step); a context network also adds
+        the entries of the positions cached since the last step."""
         if self.backend.hidden_len != cache_len or cache_len < 1:
             return False
         with torch.inference_mode():
             self._h = self.backend.last_hidden().to(self.net.embed.dtype)[None]  # (1, C)
+            if self.net.cfg.context_dim:
+                self._add_entries(np.asarray(context, np.int64))
         self._s = None
         return True
+
+    def _add_entries(self, context: np.ndarray) -> None:
+        """Entries of the new positions (``core.drafters.context_entries``)."""
+        net = self.net
+        self._m, rows_from = self._book.plan(context)
+        got = self.backend.hidden_rows(rows_from)
+        first, g = (context.size - 1, None) if got is None else got
+        a, b = self._book.added(context, first)
+        if b <= a or g is None:
+            return
+        g = g.to(net.embed.dtype)  # (n, C): positions first..
+        dev = net.embed.device
+        x = torch.from_numpy(context[a : b + 1]).to(dev)  # (b - a + 1,)
+        k, v, cols = net.context_entries(
+            g[a - 1 - first : b - 1 - first], x[:-1], x[1:], g[a - first : b - first]
+        )  # (n', D) x 2, (n',)
+        need = self._m + (b - a)
+        if self._kvc is None or self._kvc[0].shape[0] < need:
+            cap = max(64, 2 * need)
+            d = net.cfg.context_dim
+            grown = (
+                torch.empty(cap, d, dtype=k.dtype, device=dev),
+                torch.empty(cap, d, dtype=k.dtype, device=dev),
+                torch.empty(cap, dtype=torch.long, device=dev),
+            )
+            if self._kvc is not None:
+                for new, old in zip(grown, self._kvc, strict=True):
+                    new[: self._m] = old[: self._m]
+            self._kvc = grown
+        for buf, rows in zip(self._kvc, (k, v, cols), strict=True):
+            buf[self._m : need] = rows
+        self._m = need
 
     def step(self, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
         """(B,) target ids and (B,) parent rows (-1: the initial state) -> (B, K) log-probs."""
@@ -120,5 +239,17 @@ class TorchRecurrentStep:
             else:
                 prev = self._s[torch.from_numpy(np.asarray(parents, np.int64)).to(ids.device)]
             self._s = net.cell(ids, prev)  # (B, C)
-            logits = net.head(self._h.expand(ids.shape[0], -1), self._s)  # (B, K)
-            return logits.float().log_softmax(-1).cpu().numpy()  # (B, K)
+            h = self._h.expand(ids.shape[0], -1)  # (B, C)
+            if not net.cfg.context_dim:
+                logits = net.head(h, self._s)  # (B, K)
+                return logits.float().log_softmax(-1).cpu().numpy()  # (B, K)
+            m, d = self._m, net.cfg.context_dim
+            if self._kvc is None:
+                keys = torch.zeros(0, d, dtype=h.dtype, device=h.device)  # (0, D)
+                kvc = (keys, keys, torch.zeros(0, dtype=torch.long, device=h.device))
+            else:
+                kvc = (self._kvc[0][:m], self._kvc[1][:m], self._kvc[2][:m])
+            logp = net.context_logp(
+                h[None], self._s[None], ids[None], kvc[0][None], kvc[1][None], kvc[2][None], None
+            )  # (1, B, K)
+            return logp[0].cpu().numpy()  # (B, K)

@@ -105,7 +105,7 @@ def write_shards(
     atomic_write(meta, (json.dumps(settings, indent=1) + "\n").encode())
     from transformers import AutoTokenizer
 
-    from draftwise.backends.cuda.batch_greedy import greedy_continuations
+    from draftwise.backends.cuda.batch_greedy import greedy_continuations, prompt_states
     from draftwise.backends.cuda.llama import Llama
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -114,11 +114,68 @@ def write_shards(
     for done, i in enumerate(todo):
         ids = ordered[i * batch : (i + 1) * batch]
         tokens, hidden, valid = greedy_continuations(model, ids, gen_len, tok.eos_token_id)
+        ptok, phid, pvalid, _ = prompt_states(model, ids, max_prompt)
         buf = io.BytesIO()
-        np.savez(buf, tokens=tokens, hidden=hidden, valid=valid)
+        np.savez(
+            buf, tokens=tokens, hidden=hidden, valid=valid,
+            prompt_tokens=ptok, prompt_hidden=phid, prompt_valid=pvalid,
+        )
         atomic_write(_shard(out, i), buf.getvalue())
         if progress is not None:
             progress(done + 1, len(todo))
+
+
+def add_prompt_states(
+    model_dir: Path,
+    prompts_path: Path,
+    out: Path,
+    n_batches: int,
+    batch: int,
+    max_prompt: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Add the prompts' tokens and hidden states (``batch_greedy.prompt_states``) to
+    shards written without them (by an earlier version), each rewritten atomically, so
+    an interrupted run resumes. Refused when a shard's prompts do not give its first
+    hidden state back (other prompts or settings than those it was made with)."""
+    todo = [i for i in range(n_batches) if "prompt_tokens" not in np.load(_shard(out, i))]
+    if not todo:
+        return
+    from transformers import AutoTokenizer
+
+    from draftwise.backends.cuda.batch_greedy import prompt_states
+    from draftwise.backends.cuda.llama import Llama
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = Llama.load(model_dir, torch.bfloat16, torch.device("cpu"), max_cache_len=1)
+    prompts = read_prompts(prompts_path)
+    ordered = shard_prompts(tok, prompts[: n_batches * batch], batch, max_prompt)
+    for done, i in enumerate(todo):
+        shard = dict(np.load(_shard(out, i)))
+        ids = ordered[i * batch : (i + 1) * batch]
+        ptok, phid, pvalid, last = prompt_states(model, ids, max_prompt)
+        got, want = last.astype(np.float32), shard["hidden"][:, 0].astype(np.float32)
+        if not np.allclose(got, want, atol=0.1 * float(np.abs(want).max()) + 0.05):
+            raise DraftwiseError(
+                f"{_shard(out, i)} was not made from these prompts (its first hidden states "
+                "differ); use another --out"
+            )
+        buf = io.BytesIO()
+        np.savez(buf, **shard, prompt_tokens=ptok, prompt_hidden=phid, prompt_valid=pvalid)
+        atomic_write(_shard(out, i), buf.getvalue())
+        if progress is not None:
+            progress(done + 1, len(todo))
+
+
+def load_prompt_states(out: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The greedy shards' prompt tokens (N, W), hidden (N, W, C) and valid (N, W),
+    concatenated like ``load_shards``; None when a shard has none."""
+    parts = [np.load(f) for f in sorted(out.glob("shard-*.npz"))]
+    if not parts or any("prompt_tokens" not in p.files for p in parts):
+        return None
+    keys = ("prompt_tokens", "prompt_hidden", "prompt_valid")
+    tok, hid, val = (np.concatenate([p[k] for p in parts]) for k in keys)
+    return tok, hid, val
 
 
 def _forced(out: Path, i: int) -> Path:

@@ -78,6 +78,20 @@ class MLXBackend(CacheBook):
         self._check_hidden()
         return self.model.norm(self._hidden_x)  # (C,)
 
+    def hidden_rows(self, start: int) -> tuple[int, mx.array | None] | None:
+        """``(first, rows)``: the last-layer hidden states (after the final norm) of cached
+        positions ``first..cache_len-1`` as (n, C), ``first >= start`` the oldest kept
+        (see ``CacheBook.keep_hidden_rows``; rows None when there are none); None when
+        rows are not kept. Lazy: no evaluation."""
+        got = self._rows_since(start)
+        if got is None:
+            return None
+        first, pieces = got
+        if not pieces:
+            return first, None
+        x = mx.concatenate(pieces) if len(pieces) > 1 else pieces[0]  # type: ignore[arg-type]
+        return first, self.model.norm(x)  # (n, C)
+
     def device_info(self) -> DeviceInfo:
         """The device, dtype, mode and thread count this backend computes with."""
         gpu = has_gpu()
@@ -125,6 +139,8 @@ class MLXBackend(CacheBook):
             self.model.forward(chunk, self._len, self._len, mask, need_logits=False)
             last = self.model.last_x[-1]  # (C,): the hidden state a drafter may read
             mx.eval(self.model.cache_arrays(), last)  # nothing else depends on the K/V
+            if self._rows is not None:
+                self._record_rows(self._len, self.model.last_x)
             self._len += t
             self._hidden_x, self._hidden_len = last, self._len
 
@@ -208,6 +224,8 @@ class MLXBackend(CacheBook):
             src = mx.array((self._len + keep).astype(np.int32))  # (K,)
             self.model.move_slots(src, self._len)
             mx.async_eval(self.model.cache_arrays())
+        if self._rows is not None and self._rows_x is not None:  # lazy: no evaluation
+            self._record_rows(self._len, self._rows_x[mx.array(keep.astype(np.int32))])
         self._len += k
         self._pending = 0
         if self._rows_x is not None:  # a lazy slice of the last kept row: no evaluation

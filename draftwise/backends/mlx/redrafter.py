@@ -19,9 +19,12 @@ import mlx.core as mx
 import numpy as np
 
 from draftwise.backends.mlx.backend import MLXBackend
+from draftwise.core.drafters.context_entries import ContextEntries
 from draftwise.core.drafters.redrafter import FINGERPRINT_ROWS, embed_fingerprint
 from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig, checked_weights
 from draftwise.errors import DraftwiseError
+
+COPY_EPS = 1e-9  # as torch's (backends/cuda/redrafter.py)
 
 
 def embed_matrix(backend: MLXBackend) -> mx.array:
@@ -46,6 +49,9 @@ class MLXReDrafterNet:
         self.embed = embed  # (V, C) float32
         self.vocab_ids = np.array(tensors["vocab_ids"]).astype(np.int64)  # (K,)
         self.rows = embed[mx.array(self.vocab_ids.astype(np.int32))]  # (K, C)
+        col = np.full(cfg.vocab_size, -1, np.int32)  # (V,) id -> draft column
+        col[self.vocab_ids] = np.arange(self.vocab_ids.size, dtype=np.int32)
+        self.col = mx.array(col)
 
     @classmethod
     def load(
@@ -85,6 +91,48 @@ class MLXReDrafterNet:
         z = self._lin("proj", x)  # (B, C)
         return z @ self.rows.T + self.t["bias"]  # (B, K)
 
+    def context_entries(
+        self, g_prev: mx.array, x: mx.array, x_next: mx.array, g: mx.array
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """Keys, values (n, D) and copy columns (n,) of context entries (as in torch:
+        ``ReDrafterNet.context_entries``)."""
+        k = self._lin("wk", mx.concatenate([g_prev, self.embed[x]], axis=-1))  # (n, D)
+        v = self._lin("wv", mx.concatenate([self.embed[x_next], g], axis=-1))  # (n, D)
+        return k, v, self.col[x_next]
+
+    def context_logp(
+        self,
+        h: mx.array,
+        s: mx.array,
+        x: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        cols: mx.array,
+    ) -> mx.array:
+        """(B, C) hidden and RNN states, (B,) tokens fed to the cell, (n, D) keys and
+        values, (n,) columns -> (B, K) log-probs, every entry visible (as in torch:
+        ``ReDrafterNet.context_logp``)."""
+        b, n = s.shape[0], keys.shape[0]
+        nh = self.cfg.context_heads
+        dh = self.cfg.context_dim // nh
+        q = self._lin("wq", mx.concatenate([h, s, self.embed[x]], axis=-1))  # (B, D)
+        q = q.reshape(b, nh, dh).transpose(1, 0, 2)  # (H, B, dh)
+        k = keys.reshape(n, nh, dh).transpose(1, 0, 2)  # (H, n, dh)
+        v = values.reshape(n, nh, dh).transpose(1, 0, 2)  # (H, n, dh)
+        sc = (q @ k.transpose(0, 2, 1)) * dh**-0.5  # (H, B, n)
+        null = mx.zeros((nh, b, 1), dtype=sc.dtype)  # attend nowhere
+        w = mx.softmax(mx.concatenate([sc, null], axis=-1), axis=-1)[..., :n]  # (H, B, n)
+        o = (w @ v).transpose(1, 0, 2).reshape(b, nh * dh)  # (B, D)
+        logits = self.head(h, s + self._lin("wo", o))  # (B, K)
+        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (B, K)
+        g = mx.sigmoid(self._lin("gate", mx.concatenate([h, s, o], axis=-1)))  # (B, 1)
+        src = w[0] * (cols >= 0)[None, :]  # (B, n)
+        rows = mx.broadcast_to(mx.arange(b)[:, None], (b, n))
+        at = mx.broadcast_to(mx.maximum(cols, 0)[None, :], (b, n))
+        copy = mx.zeros(logp.shape, dtype=mx.float32).at[rows, at].add(src)  # (B, K)
+        p = (1 - g) * mx.exp(logp) + g * copy + COPY_EPS  # (B, K)
+        return mx.log(p / p.sum(axis=-1, keepdims=True))  # (B, K)
+
 
 class MLXRecurrentStep:
     """``RecurrentNet`` on the MLX backend (see the module docstring)."""
@@ -94,13 +142,42 @@ class MLXRecurrentStep:
         self.vocab_ids = net.vocab_ids
         self._h: mx.array | None = None  # (1, C)
         self._s: mx.array | None = None  # (B, C)
+        # a context network's entries: keys, values (m, D), columns (m,), as ``_book``
+        self._book = ContextEntries()
+        self._kvc: tuple[mx.array, mx.array, mx.array] | None = None
+        if net.cfg.context_dim:
+            backend.keep_hidden_rows()
 
-    def start(self, cache_len: int) -> bool:
+    def start(self, cache_len: int, context: np.ndarray) -> bool:
         if self.backend.hidden_len != cache_len or cache_len < 1:
             return False
         self._h = self.backend.last_hidden().astype(mx.float32)[None]  # (1, C), lazy
+        if self.net.cfg.context_dim:
+            self._add_entries(np.asarray(context, np.int64))
         self._s = None
         return True
+
+    def _add_entries(self, context: np.ndarray) -> None:
+        """Entries of the new positions (``core.drafters.context_entries``); lazy."""
+        keep, rows_from = self._book.plan(context)
+        if self._kvc is not None:
+            self._kvc = (self._kvc[0][:keep], self._kvc[1][:keep], self._kvc[2][:keep])
+        got = self.backend.hidden_rows(rows_from)
+        first, g = (context.size - 1, None) if got is None else got
+        a, b = self._book.added(context, first)
+        if b <= a or g is None:
+            return
+        g = g.astype(mx.float32)  # (n, C): positions first..
+        x = mx.array(context[a : b + 1].astype(np.int32))  # (b - a + 1,)
+        new = self.net.context_entries(
+            g[a - 1 - first : b - 1 - first], x[:-1], x[1:], g[a - first : b - first]
+        )
+        if self._kvc is None:
+            self._kvc = new
+        else:
+            self._kvc = tuple(  # type: ignore[assignment]
+                mx.concatenate([old, add]) for old, add in zip(self._kvc, new, strict=True)
+            )
 
     def step(self, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
         assert self._h is not None
@@ -111,7 +188,15 @@ class MLXRecurrentStep:
         else:
             prev = self._s[mx.array(np.asarray(parents, np.int32))]  # (B, C)
         self._s = self.net.cell(ids, prev)  # (B, C)
-        logits = self.net.head(mx.broadcast_to(self._h, (b, self._h.shape[1])), self._s)
-        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (B, K)
+        h = mx.broadcast_to(self._h, (b, self._h.shape[1]))  # (B, C)
+        if self.net.cfg.context_dim:
+            if self._kvc is None:
+                d = self.net.cfg.context_dim
+                empty = mx.zeros((0, d), dtype=mx.float32)
+                self._kvc = (empty, empty, mx.zeros((0,), dtype=mx.int32))
+            logp = self.net.context_logp(h, self._s, ids, *self._kvc)  # (B, K)
+        else:
+            logits = self.net.head(h, self._s)
+            logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (B, K)
         mx.eval(logp, self._s)
         return np.array(logp)

@@ -56,9 +56,10 @@ class RecurrentNet(Protocol):
 
     vocab_ids: np.ndarray  # (K,) int64: target id of each draft-vocabulary column
 
-    def start(self, cache_len: int) -> bool:
+    def start(self, cache_len: int, context: np.ndarray) -> bool:
         """Take the target's hidden state of the last cached token when the cache holds
-        ``cache_len`` tokens; False when the backend has none for that length."""
+        ``cache_len`` tokens (``context``: those tokens and the root, for a network that
+        attends over them); False when the backend has none for that length."""
 
     def step(self, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
         """(B,) target ids, (B,) rows of the previous step (-1: the initial state) ->
@@ -106,7 +107,7 @@ class ReDrafter:
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         self.last, self.last_beam = None, None
-        if budget < 1 or context.size < 2 or not self.net.start(int(context.size) - 1):
+        if budget < 1 or context.size < 2 or not self.net.start(int(context.size) - 1, context):
             return DraftTree.empty()
         ids = self.net.vocab_ids
 

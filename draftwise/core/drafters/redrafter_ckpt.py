@@ -39,6 +39,10 @@ class ReDrafterConfig:
     fingerprint: str  # the target's weights (redrafter.embed_fingerprint)
     model_name: str = ""
     format_version: int = FORMAT_VERSION
+    # attention over the context (0: none, the plain seed 001 network): its width D and
+    # heads; head 0's weights also copy the context's next tokens (a pointer mixture)
+    context_dim: int = 0
+    context_heads: int = 4
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

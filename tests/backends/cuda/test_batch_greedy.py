@@ -10,7 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from draftwise.backends.cuda.batch_greedy import greedy_continuations  # noqa: E402
+from draftwise.backends.cuda.batch_greedy import (  # noqa: E402
+    greedy_continuations,
+    prompt_states,
+)
 from draftwise.backends.cuda.llama import Llama  # noqa: E402
 from draftwise.errors import DraftwiseError  # noqa: E402
 
@@ -70,3 +73,27 @@ def test_bad_input(setup):  # type: ignore[no-untyped-def]
         greedy_continuations(model, [prompts[0], []], 4, eos=None)
     with pytest.raises(DraftwiseError, match="gen_len must be at least 1, got 0"):
         greedy_continuations(model, prompts, 0, eos=None)
+
+
+def test_prompt_states_in_the_continuation_layout(setup):  # type: ignore[no-untyped-def]
+    """Right-aligned prompts; ``hidden[j]`` is the plain forward's state of the token
+    before ``tokens[j]``; the first token is not valid; the last state is the
+    continuation's first; a width shorter than a prompt keeps its end."""
+    model_dir, _, prompts, model = setup
+    w = max(len(p) for p in prompts) + 2
+    tok, hid, valid, last = prompt_states(model, prompts, w, prefill_rows=2)
+    _, cont, _ = greedy_continuations(model, prompts, 2, eos=None)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    for r, p in enumerate(prompts):
+        n = len(p)
+        assert tok[r, w - n :].tolist() == p and not tok[r, : w - n].any()
+        assert valid[r].tolist() == [False] * (w - n + 1) + [True] * (n - 1)
+        with torch.inference_mode():
+            ref = hf(torch.tensor([p]), output_hidden_states=True).hidden_states[-1][0].numpy()
+        np.testing.assert_allclose(hid[r, w - n + 1 :].astype(np.float32), ref[:-1], atol=2e-2)
+        np.testing.assert_allclose(last[r].astype(np.float32), cont[r, 0].astype(np.float32),
+                                   atol=2e-2)
+    short, _, vshort, _ = prompt_states(model, prompts, 4)
+    assert short[0].tolist() == prompts[0][-4:] and vshort[0].tolist() == [False] + [True] * 3
+    with pytest.raises(DraftwiseError, match="non-empty prompts"):
+        prompt_states(model, [[]], 4)

@@ -44,3 +44,31 @@ def test_hidden_of_accepted_row_equals_plain_forward(tmp_path, invariant):
     be.trim(5)  # another length: nothing held for it
     with pytest.raises(DraftwiseError, match="no hidden state for cache length 5"):
         be.last_hidden()
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_hidden_rows_of_every_cached_position_equal_plain_forward(tmp_path, invariant):
+    """``hidden_rows`` (a context drafter's input): the kept rows of the prompt and of
+    every accepted row, in cache order, after a branch commit, a trim and a reset."""
+    model_dir, ref = _save_tiny(tmp_path / "m", "llama")
+    rng = np.random.default_rng(1)
+    ctx = rng.integers(0, V, 9)
+    be = TorchBackend.from_pretrained(model_dir, device="cpu", invariant=invariant)
+    assert be.hidden_rows(0) is None  # not kept until a drafter asks
+    be.keep_hidden_rows()
+    be.prefill(ctx[:-1])
+    tree = DraftTree(np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 1]))
+    be.verify(int(ctx[-1]), tree, need_logits=False)
+    be.commit(np.array([0, 2, 4]))
+    seq = [*ctx.tolist(), 6, 8]
+    first, rows = be.hidden_rows(0)
+    assert first == 0 and rows.shape == (len(seq), ref.config.hidden_size)
+    np.testing.assert_allclose(rows.numpy(), _ref_hidden(ref, seq), atol=1e-4)
+    first, rows = be.hidden_rows(7)  # only the newest
+    assert first == 7
+    np.testing.assert_allclose(rows.numpy(), _ref_hidden(ref, seq)[7:], atol=1e-4)
+    be.trim(5)
+    assert be.hidden_rows(0)[0] == 0 and be.hidden_rows(0)[1].shape[0] == 5
+    assert be.hidden_rows(5) == (5, None)
+    be.reset()
+    assert be.hidden_rows(0) == (0, None)

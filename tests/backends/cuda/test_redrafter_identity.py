@@ -29,8 +29,7 @@ def tokens_of(model, prompt, drafter, **kw):  # type: ignore[no-untyped-def]
     return last.token_ids
 
 
-@pytest.fixture(scope="module")
-def random_ckpt(torch_model, tmp_path_factory):  # type: ignore[no-untyped-def]
+def _random_ckpt(torch_model, out, context_dim: int):  # type: ignore[no-untyped-def]
     embed = torch_model.backend.model.embed
     torch.manual_seed(0)
     cfg = ReDrafterConfig(
@@ -40,16 +39,30 @@ def random_ckpt(torch_model, tmp_path_factory):  # type: ignore[no-untyped-def]
         1,
         torch_model.drafting.tokenizer_id,
         weights_fingerprint(embed),
+        context_dim=context_dim,
     )
     net = ReDrafterNet(cfg, embed.float(), torch.arange(2048))
-    return save_redrafter(net, tmp_path_factory.mktemp("redrafter"))
+    return save_redrafter(net, out)
 
 
+@pytest.fixture(scope="module")
+def random_ckpt(torch_model, tmp_path_factory):  # type: ignore[no-untyped-def]
+    return _random_ckpt(torch_model, tmp_path_factory.mktemp("redrafter"), 0)
+
+
+@pytest.fixture(scope="module")
+def random_context_ckpt(torch_model, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A network that also attends over (and copies from) the context."""
+    return _random_ckpt(torch_model, tmp_path_factory.mktemp("redrafter-ctx"), 64)
+
+
+@pytest.mark.parametrize("ckpt", ["random_ckpt", "random_context_ckpt"])
 @pytest.mark.parametrize("prompt", OWN_PROMPTS[:2])
-def test_random_redrafter_identical_to_plain(torch_model, random_ckpt, prompt):  # type: ignore[no-untyped-def]
+def test_random_redrafter_identical_to_plain(torch_model, ckpt, prompt, request):  # type: ignore[no-untyped-def]
+    path = request.getfixturevalue(ckpt)
     plain = tokens_of(torch_model, prompt, "none")
     hot = tokens_of(torch_model, prompt, "none", temp=0.8, seed=5)
-    d = torch_model.drafter(f"redrafter:bw=3,t=4,path={random_ckpt}")
+    d = torch_model.drafter(f"redrafter:bw=3,t=4,path={path}")
     assert tokens_of(torch_model, prompt, d) == plain
     assert tokens_of(torch_model, prompt, d, temp=0.8, seed=5) == hot
     assert d.unpacked > 0 and 0 < d.packed <= d.unpacked
@@ -80,7 +93,9 @@ def test_shipped_redrafter_identical_and_accepting(torch_model, prompt):  # type
     )
 
 
-def test_redrafter_bf16_invariant_identical(default_model_dir, random_ckpt):  # type: ignore[no-untyped-def]
+def test_redrafter_bf16_invariant_identical(  # type: ignore[no-untyped-def]
+    default_model_dir, random_ckpt, random_context_ckpt
+):
     """bfloat16 in batch-invariant mode: the float32-made checkpoint loads (one
     fingerprint for any dtype) and greedy output equals plain decoding."""
     import draftwise
@@ -88,8 +103,9 @@ def test_redrafter_bf16_invariant_identical(default_model_dir, random_ckpt):  # 
     model = draftwise.load(default_model_dir, backend="torch", dtype="bfloat16")
     assert model.backend.invariant
     prompt = OWN_PROMPTS[0]
-    spec = f"redrafter:bw=3,t=4,path={random_ckpt}"
-    assert tokens_of(model, prompt, spec) == tokens_of(model, prompt, "none")
+    plain = tokens_of(model, prompt, "none")
+    for path in (random_ckpt, random_context_ckpt):
+        assert tokens_of(model, prompt, f"redrafter:bw=3,t=4,path={path}") == plain
 
 
 @pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="no shipped checkpoint")
@@ -102,3 +118,33 @@ def test_auto_takes_the_shipped_redrafter_as_a_member(torch_model):  # type: ign
     prompt = OWN_PROMPTS[1]
     assert tokens_of(torch_model, prompt, d) == tokens_of(torch_model, prompt, "none")
     assert d.members[-1].stats()["proposals"] > 0
+
+
+def test_context_entries_after_generation_equal_a_fresh_prefill(torch_model, random_context_ckpt):  # type: ignore[no-untyped-def]
+    """The context network's entries, built step by step from the rows each commit kept
+    (branches, rejections), equal the entries computed from one plain prefill of the
+    whole text: its hidden-state input is the target's, position by position."""
+    import numpy as np
+
+    prompt = OWN_PROMPTS[2]
+    d = torch_model.drafter(f"redrafter:bw=3,t=4,path={random_context_ckpt}")
+    out = tokens_of(torch_model, prompt, d)
+    step = d.net
+    seq = np.array(torch_model.encode_prompt(prompt) + list(out), np.int64)
+    be = torch_model.backend
+    be.reset()
+    be.prefill(seq[:-1])
+    first, g = be.hidden_rows(0)
+    assert first == 0 and g.shape[0] == seq.size - 1
+    pos = torch.from_numpy(step._book.pos)  # the entries held at the last proposal
+    assert pos.numel() == step._m > len(out) // 2
+    net = step.net
+    with torch.inference_mode():
+        x = torch.from_numpy(seq)
+        k, v, cols = net.context_entries(
+            g[pos - 1].to(net.embed.dtype), x[pos], x[pos + 1], g[pos].to(net.embed.dtype)
+        )
+    keys, values, held_cols = (b[: step._m] for b in step._kvc)
+    assert held_cols.tolist() == cols.tolist()
+    torch.testing.assert_close(keys.float(), k.float(), rtol=0.05, atol=0.05)
+    torch.testing.assert_close(values.float(), v.float(), rtol=0.05, atol=0.05)

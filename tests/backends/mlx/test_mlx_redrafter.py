@@ -26,10 +26,27 @@ from tests.backends.cuda.test_torch_backend import V, _save_tiny  # noqa: E402
 pytestmark = pytest.mark.mlx
 
 
-def test_mlx_hidden_and_drafts_equal_torch(tmp_path):
+@pytest.mark.parametrize("context_dim", [0, 16])
+def test_mlx_hidden_and_drafts_equal_torch(tmp_path, context_dim):
+    """Same hidden state, same trees and path log-probs over two steps; with
+    ``context_dim`` the networks also attend over (and copy from) the context."""
     model_dir, _ = _save_tiny(tmp_path / "m", "llama")
     tb = TorchBackend.from_pretrained(model_dir, device="cpu", invariant=False)
     mb = MLXBackend.from_pretrained(model_dir, dtype="float32", invariant=False)
+    embed = tb.model.embed
+    torch.manual_seed(1)
+    cfg = ReDrafterConfig(
+        int(embed.shape[1]), V, 50, 1, "tok", weights_fingerprint(embed), context_dim=context_dim
+    )
+    net = ReDrafterNet(cfg, embed.float(), torch.arange(50) + 20)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    save_redrafter(net, tmp_path / "ckpt")
+    mnet = MLXReDrafterNet.load(tmp_path / "ckpt", mb, "tok")
+    drafters = [ReDrafter(TorchRecurrentStep(net, tb), bw=3, t=4)]  # before the prefill:
+    drafters.append(ReDrafter(MLXRecurrentStep(mnet, mb), bw=3, t=4))  # rows are kept
+
     ctx = np.random.default_rng(0).integers(0, V, 9)
     tree = DraftTree(np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 1]))
     for be in (tb, mb):
@@ -38,24 +55,22 @@ def test_mlx_hidden_and_drafts_equal_torch(tmp_path):
         be.commit(np.array([0, 2, 4]))
     np.testing.assert_allclose(np.array(mb.last_hidden()), tb.last_hidden().numpy(), atol=1e-4)
 
-    embed = tb.model.embed
-    torch.manual_seed(1)
-    cfg = ReDrafterConfig(int(embed.shape[1]), V, 50, 1, "tok", weights_fingerprint(embed))
-    net = ReDrafterNet(cfg, embed.float(), torch.arange(50) + 20)
-    with torch.no_grad():
-        for p in net.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    save_redrafter(net, tmp_path / "ckpt")
-    mnet = MLXReDrafterNet.load(tmp_path / "ckpt", mb, "tok")
     seq = np.array([*ctx.tolist(), 6, 8, 9])  # the root 9 follows the committed tokens
-    trees = []
-    for step in (TorchRecurrentStep(net, tb), MLXRecurrentStep(mnet, mb)):
-        d = ReDrafter(step, bw=3, t=4)
-        trees.append(d.propose(seq, 64))
-        assert d.last is not None
-        trees.append(d.last.path_logp)
-    assert trees[0].tokens.tolist() == trees[2].tokens.tolist()
-    assert trees[0].parents.tolist() == trees[2].parents.tolist()
-    np.testing.assert_allclose(trees[1], trees[3], atol=1e-4)
+    for _ in range(2):
+        trees = []
+        for d in drafters:
+            trees.append(d.propose(seq, 64))
+            assert d.last is not None
+            trees.append(d.last.path_logp)
+        assert trees[0].tokens.tolist() == trees[2].tokens.tolist()
+        assert trees[0].parents.tolist() == trees[2].parents.tolist()
+        np.testing.assert_allclose(trees[1], trees[3], atol=1e-4)
+        chain = DraftTree(np.array([3, 4]), np.array([-1, 0]))  # accept both: 9, 3, 4
+        for be in (tb, mb):
+            be.verify(int(seq[-1]), chain, need_logits=False)
+            be.commit(np.array([0, 1, 2]))
+        seq = np.array([*seq.tolist(), 3, 4, 11])
+    if context_dim:  # the torch step's entries: positions 1 .. cache_len - 1
+        assert drafters[0].net._m == len(seq) - 2 - 3  # type: ignore[attr-defined]
     with pytest.raises(DraftwiseError, match="another tokenizer"):
         MLXReDrafterNet.load(tmp_path / "ckpt", mb, "other")

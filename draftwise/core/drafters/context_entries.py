@@ -1,0 +1,64 @@
+"""Which context entries a drafter that attends over the context holds, and which it
+must add: the bookkeeping once, for every backend (the entries' tensors live there).
+
+Entry ``p`` (``p >= 1``) stands for the cached token ``x_p`` with the target's hidden
+states ``g_{p-1}`` (the one that predicted it) and ``g_p``, and the token that followed,
+``x_{p+1}`` (the root for the last one). It depends on the tokens ``x_0 .. x_{p+1}``
+only, so after a rollback or a new prompt the entries whose tokens still agree stay;
+the rest are dropped. New entries need the backend's hidden rows from ``rows_from`` on;
+it may hold fewer (rows from before a ``reset`` or a ``load_prefix`` are gone): entries
+are built for the positions it has, and attention does not care about the gap.
+
+Example::
+
+    >>> book = ContextEntries()
+    >>> book.plan(np.array([5, 6, 7, 8]))      # nothing held: rows from position 0
+    (0, 0)
+    >>> book.added(np.array([5, 6, 7, 8]), first=0)   # rows g_0..g_2 -> entries 1, 2
+    (1, 3)
+    >>> book.plan(np.array([5, 6, 7, 9, 4]))   # x_3 changed: entry 2 (x_2 -> x_3) goes
+    (1, 1)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class ContextEntries:
+    """Positions of the entries held, in order, and the tokens they were built from."""
+
+    def __init__(self) -> None:
+        self.pos = np.zeros(0, np.int64)  # (m,) entry positions, increasing
+        self.tokens = np.zeros(0, np.int64)  # the context (cache + root) they came from
+        self.next = 1  # the first position not yet tried
+
+    def clear(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def plan(self, context: np.ndarray) -> tuple[int, int]:
+        """``(keep, rows_from)`` for ``context`` (the cached tokens and the root): the
+        first ``keep`` held entries are still right (drop the others); hidden rows are
+        needed from position ``rows_from`` on."""
+        ctx = np.asarray(context, np.int64)
+        n = min(ctx.size, self.tokens.size)
+        diff = np.flatnonzero(ctx[:n] != self.tokens[:n])
+        common = int(diff[0]) if diff.size else n  # tokens 0..common-1 agree
+        # entry p needs x_0..x_{p+1}: it stays when p + 1 < common
+        keep = int(np.searchsorted(self.pos, common - 1))
+        self.pos = self.pos[:keep]
+        self.next = max(1, min(self.next, common - 1))
+        self.tokens = ctx[: min(common, ctx.size)]
+        return keep, self.next - 1
+
+    def added(self, context: np.ndarray, first: int) -> tuple[int, int]:
+        """The backend gave hidden rows of positions ``first .. len(context) - 2``: the
+        new entries are positions ``a .. b-1`` (``(a, b)``; ``a == b``: none), recorded
+        as held. Entry ``p`` uses rows ``p - 1 - first`` and ``p - first``."""
+        ctx = np.asarray(context, np.int64)
+        b = ctx.size - 1  # entries up to the one whose next token is the root
+        a = min(max(self.next, first + 1), b)
+        self.pos = np.concatenate([self.pos, np.arange(a, b, dtype=np.int64)])
+        self.tokens = ctx.copy()
+        self.next = b
+        return a, b
