@@ -88,6 +88,21 @@ class CacheBook:
             first = s + cut
         return first, pieces[::-1]
 
+    def hidden_rows(self, start: int) -> tuple[int, object | None] | None:
+        """``(first, rows)``: the last-layer hidden states (after the final norm) of cached
+        positions ``first..cache_len-1`` as a device array (n, C), ``first >= start`` the
+        oldest kept (rows None when none are); None when rows are not kept
+        (``keep_hidden_rows``). No forward, no sync: the backend's ``_join_rows``."""
+        got = self._rows_since(start)
+        if got is None:
+            return None
+        first, pieces = got
+        return first, (self._join_rows(pieces) if pieces else None)
+
+    def _join_rows(self, pieces: list[object]) -> object:
+        """The backend's: kept residual rows, in order -> (n, C) after the final norm."""
+        raise NotImplementedError
+
     def _cut_rows(self, n: int) -> None:
         """Forget kept rows of positions ``>= n``."""
         if self._rows:

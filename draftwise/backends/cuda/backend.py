@@ -170,20 +170,11 @@ class TorchBackend(CacheBook, BatchMixin):
         with torch.inference_mode():
             return self.model.final_hidden(self._hidden_x)  # (C,)
 
-    def hidden_rows(self, start: int) -> tuple[int, torch.Tensor | None] | None:
-        """``(first, rows)``: the last-layer hidden states (after the final norm) of cached
-        positions ``first..cache_len-1`` as (n, C), ``first >= start`` the oldest kept
-        (see ``CacheBook.keep_hidden_rows``; rows None when there are none); None when
-        rows are not kept. On the device, no sync."""
-        got = self._rows_since(start)
-        if got is None:
-            return None
-        first, pieces = got
-        if not pieces:
-            return first, None
+    def _join_rows(self, pieces: list[object]) -> torch.Tensor:
+        """Kept residual rows (``CacheBook.hidden_rows``) -> (n, C) after the final norm."""
         with torch.inference_mode():
             x = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # type: ignore[arg-type]
-            return first, self.model.final_hidden(x)  # (n, C)
+            return self.model.final_hidden(x)  # type: ignore[arg-type]
 
     # ----- saved prefixes (core/prefixes.py) ------------------------------------------
     def save_prefix(self, n: int) -> torch.Tensor:

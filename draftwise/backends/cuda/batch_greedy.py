@@ -41,6 +41,22 @@ class _Batch:
         self.cos, self.sin = rope_tables(cfg, slots, model.dtype, torch.device("cpu"))
 
 
+def _left_padded(
+    model: Llama, prompts: list[list[int]], slots: int
+) -> tuple[_Batch, torch.Tensor, torch.Tensor]:
+    """A batch cache of ``slots`` slots with the prompts' slots marked, and their ids and
+    positions (B, P), left-padded to the longest prompt P."""
+    b, p = len(prompts), max(len(x) for x in prompts)
+    st = _Batch(model, b, slots)
+    ids = torch.zeros((b, p), dtype=torch.long)  # (B, P) left-padded
+    pos = torch.zeros((b, p), dtype=torch.long)  # (B, P)
+    for r, x in enumerate(prompts):
+        ids[r, p - len(x) :] = torch.tensor(x)
+        pos[r, p - len(x) :] = torch.arange(len(x))
+        st.ok[r, p - len(x) : p] = True
+    return st, ids, pos
+
+
 def _forward(
     model: Llama,
     st: _Batch,
@@ -103,13 +119,7 @@ def greedy_continuations(
     if model.int4 or model.device.type != "cpu":
         raise DraftwiseError("greedy_continuations runs a dense CPU model")
     b, p = len(prompts), max(len(x) for x in prompts)
-    st = _Batch(model, b, p + gen_len)
-    ids = torch.zeros((b, p), dtype=torch.long)  # (B, P) left-padded
-    pos = torch.zeros((b, p), dtype=torch.long)  # (B, P)
-    for r, x in enumerate(prompts):
-        ids[r, p - len(x) :] = torch.tensor(x)
-        pos[r, p - len(x) :] = torch.arange(len(x))
-        st.ok[r, p - len(x) : p] = True
+    st, ids, pos = _left_padded(model, prompts, p + gen_len)
     last = torch.empty((b, model.cfg.dim), dtype=model.dtype)  # (B, C)
     for r0 in range(0, b, prefill_rows):  # each chunk from its own longest prompt on
         rows = slice(r0, min(b, r0 + prefill_rows))
@@ -158,13 +168,7 @@ def prompt_states(
         raise DraftwiseError("prompt_states runs a dense CPU model")
     prompts = [x[-width:] for x in prompts]
     b, p = len(prompts), max(len(x) for x in prompts)
-    st = _Batch(model, b, p)
-    ids = torch.zeros((b, p), dtype=torch.long)  # (B, P) left-padded
-    pos = torch.zeros((b, p), dtype=torch.long)  # (B, P)
-    for r, x in enumerate(prompts):
-        ids[r, p - len(x) :] = torch.tensor(x)
-        pos[r, p - len(x) :] = torch.arange(len(x))
-        st.ok[r, p - len(x) : p] = True
+    st, ids, pos = _left_padded(model, prompts, p)
     toks = np.zeros((b, width), np.int32)
     hids = np.zeros((b, width, model.cfg.dim), np.float16)
     valid = np.zeros((b, width), bool)

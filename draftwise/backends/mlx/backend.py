@@ -78,19 +78,11 @@ class MLXBackend(CacheBook):
         self._check_hidden()
         return self.model.norm(self._hidden_x)  # (C,)
 
-    def hidden_rows(self, start: int) -> tuple[int, mx.array | None] | None:
-        """``(first, rows)``: the last-layer hidden states (after the final norm) of cached
-        positions ``first..cache_len-1`` as (n, C), ``first >= start`` the oldest kept
-        (see ``CacheBook.keep_hidden_rows``; rows None when there are none); None when
-        rows are not kept. Lazy: no evaluation."""
-        got = self._rows_since(start)
-        if got is None:
-            return None
-        first, pieces = got
-        if not pieces:
-            return first, None
+    def _join_rows(self, pieces: list[object]) -> mx.array:
+        """Kept residual rows (``CacheBook.hidden_rows``) -> (n, C) after the final norm,
+        lazily."""
         x = mx.concatenate(pieces) if len(pieces) > 1 else pieces[0]  # type: ignore[arg-type]
-        return first, self.model.norm(x)  # (n, C)
+        return self.model.norm(x)  # type: ignore[arg-type]
 
     def device_info(self) -> DeviceInfo:
         """The device, dtype, mode and thread count this backend computes with."""
