@@ -21,6 +21,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from draftwise.errors import DraftwiseError
@@ -37,6 +39,9 @@ class CacheBook:
     # (``keep_hidden_rows``): (start, rows) segments, oldest first, rows (t, C) a device
     # array of positions start..start+t-1. None: not recorded (no drafter asked).
     _rows: list[tuple[int, object]] | None = None
+    # The backend's tensor work for ``hidden_rows``: kept residual rows, in order -> (n, C)
+    # after the final norm (declared here, defined by each backend).
+    _join_rows: Callable[[list[object]], object]
 
     def __init__(self, context_limit: int, vocab_size: int) -> None:
         self.context_limit = context_limit
@@ -98,10 +103,6 @@ class CacheBook:
             return None
         first, pieces = got
         return first, (self._join_rows(pieces) if pieces else None)
-
-    def _join_rows(self, pieces: list[object]) -> object:
-        """The backend's: kept residual rows, in order -> (n, C) after the final norm."""
-        raise NotImplementedError
 
     def _cut_rows(self, n: int) -> None:
         """Forget kept rows of positions ``>= n``."""
