@@ -18,8 +18,9 @@ head over a reduced draft vocabulary (seed 001, with a cheap head for a small ta
   continue what the context already said, which a recurrent cell on ``h`` alone cannot:
   held-out bw=1 chain tokens per step 1.63 -> 2.17 on the same data (20 shards, 1 epoch).
 
-``TorchRecurrentStep`` runs it for the core's beam search (``core.beam``) on the
-target's device, reading the target's hidden state from the backend with no forward.
+``redrafter_step.TorchRecurrentStep`` runs it for the core's beam search (``core.beam``)
+on the target's device, reading the target's hidden state from the backend with no
+forward.
 
 Example::
 
@@ -30,14 +31,10 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftwise.core.drafters.context_entries import ContextEntries
 from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig
 from draftwise.errors import DraftwiseError
 
@@ -162,94 +159,3 @@ class ReDrafterNet(nn.Module):
             s = self.cell(tokens[:, t], s)  # (B, C)
             out.append(self.head(h, s))  # (B, K)
         return torch.stack(out, dim=1)  # (B, T, K)
-
-
-class TorchRecurrentStep:
-    """The tensor step of ``core.drafters.redrafter.RecurrentNet`` on a torch backend: the
-    RNN states stay on the target's device; each step is one small forward and one copy
-    of (B, K) log-probs to the host."""
-
-    def __init__(self, net: ReDrafterNet, backend: Any) -> None:
-        self.net = net.eval()
-        self.backend = backend
-        self.vocab_ids = net.vocab_ids.cpu().numpy().astype(np.int64)  # (K,)
-        self._h: torch.Tensor | None = None  # (1, C)
-        self._s: torch.Tensor | None = None  # (B, C)
-        # a context network's entries (keys, values (cap, D), columns (cap,)): the first
-        # ``_m`` rows are the ones ``_book`` holds
-        self._book = ContextEntries()
-        self._kvc: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._m = 0
-        if net.cfg.context_dim:
-            backend.keep_hidden_rows()
-
-    def start(self, cache_len: int, context: np.ndarray) -> bool:
-        """Read the target's hidden state of the last cached token, if it is for
-        ``cache_len`` (else the drafter skips this step); a context network also adds
-        the entries of the positions cached since the last step."""
-        if self.backend.hidden_len != cache_len or cache_len < 1:
-            return False
-        with torch.inference_mode():
-            self._h = self.backend.last_hidden().to(self.net.embed.dtype)[None]  # (1, C)
-            if self.net.cfg.context_dim:
-                self._add_entries(np.asarray(context, np.int64))
-        self._s = None
-        return True
-
-    def _add_entries(self, context: np.ndarray) -> None:
-        """Entries of the new positions (``core.drafters.context_entries``)."""
-        net = self.net
-        self._m, rows_from = self._book.plan(context)
-        got = self.backend.hidden_rows(rows_from)
-        first, g = (context.size - 1, None) if got is None else got
-        a, b = self._book.added(context, first)
-        if b <= a or g is None:
-            return
-        g = g.to(net.embed.dtype)  # (n, C): positions first..
-        dev = net.embed.device
-        x = torch.from_numpy(context[a : b + 1]).to(dev)  # (b - a + 1,)
-        k, v, cols = net.context_entries(
-            g[a - 1 - first : b - 1 - first], x[:-1], x[1:], g[a - first : b - first]
-        )  # (n', D) x 2, (n',)
-        need = self._m + (b - a)
-        if self._kvc is None or self._kvc[0].shape[0] < need:
-            cap = max(64, 2 * need)
-            d = net.cfg.context_dim
-            grown = (
-                torch.empty(cap, d, dtype=k.dtype, device=dev),
-                torch.empty(cap, d, dtype=k.dtype, device=dev),
-                torch.empty(cap, dtype=torch.long, device=dev),
-            )
-            if self._kvc is not None:
-                for new, old in zip(grown, self._kvc, strict=True):
-                    new[: self._m] = old[: self._m]
-            self._kvc = grown
-        for buf, rows in zip(self._kvc, (k, v, cols), strict=True):
-            buf[self._m : need] = rows
-        self._m = need
-
-    def step(self, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
-        """(B,) target ids and (B,) parent rows (-1: the initial state) -> (B, K) log-probs."""
-        assert self._h is not None
-        net = self.net
-        with torch.inference_mode():
-            ids = torch.from_numpy(np.ascontiguousarray(tokens, np.int64)).to(net.embed.device)
-            if self._s is None or parents[0] < 0:
-                prev = net.zero_state(ids.shape[0])  # (B, C)
-            else:
-                prev = self._s[torch.from_numpy(np.asarray(parents, np.int64)).to(ids.device)]
-            self._s = net.cell(ids, prev)  # (B, C)
-            h = self._h.expand(ids.shape[0], -1)  # (B, C)
-            if not net.cfg.context_dim:
-                logits = net.head(h, self._s)  # (B, K)
-                return logits.float().log_softmax(-1).cpu().numpy()  # (B, K)
-            m, d = self._m, net.cfg.context_dim
-            if self._kvc is None:
-                keys = torch.zeros(0, d, dtype=h.dtype, device=h.device)  # (0, D)
-                kvc = (keys, keys, torch.zeros(0, dtype=torch.long, device=h.device))
-            else:
-                kvc = (self._kvc[0][:m], self._kvc[1][:m], self._kvc[2][:m])
-            logp = net.context_logp(
-                h[None], self._s[None], ids[None], kvc[0][None], kvc[1][None], kvc[2][None], None
-            )  # (1, B, K)
-            return logp[0].cpu().numpy()  # (B, K)

@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from draftwise.backends.cuda import TorchBackend  # noqa: E402
-from draftwise.backends.cuda.redrafter import ReDrafterNet, TorchRecurrentStep  # noqa: E402
+from draftwise.backends.cuda.redrafter import ReDrafterNet  # noqa: E402
+from draftwise.backends.cuda.redrafter_step import TorchRecurrentStep  # noqa: E402
 from draftwise.backends.cuda.redrafter_io import save_redrafter, weights_fingerprint  # noqa: E402
 from draftwise.backends.mlx import MLXBackend  # noqa: E402
 from draftwise.backends.mlx.redrafter import MLXRecurrentStep, MLXReDrafterNet  # noqa: E402
