@@ -68,6 +68,38 @@ def test_wide_beam_equals_brute_force() -> None:
     assert [tuple(r) for r in got.tokens.tolist()] == [seq for _, seq in scored[:width]]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_pruned_are_the_kept_prefixes_no_later_beam_continues(seed: int) -> None:
+    """At each depth d < T - 1 the beams kept there are exactly the pruned ones plus the
+    length-(d + 1) prefixes of the next depth's beams, and the two never overlap."""
+    width, length = 3, 4
+    got = beam_search(TableRNN(4, seed).step, root=2, width=width, length=length)
+    assert len(got.pruned) == length - 1
+    for d, (p_tok, p_lp) in enumerate(got.pruned):
+        kept = {tuple(seq) for _, seq in naive_beam(TableRNN(4, seed), 2, width, d + 1)}
+        nxt = {tuple(seq[: d + 1]) for _, seq in naive_beam(TableRNN(4, seed), 2, width, d + 2)}
+        pruned = {tuple(r) for r in p_tok.tolist()}
+        assert p_tok.shape[1] == p_lp.shape[1] == d + 1
+        assert not pruned & nxt and pruned | nxt == kept
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_dedup_with_pruned_equals_a_trie_of_every_row(seed: int) -> None:
+    net = TableRNN(vocab=3, seed=seed)
+    beams = beam_search(net.step, root=1, width=int(seed % 4) + 1, length=3)
+    got = dedup_beams(beams, pruned=True)
+    rows = beams.tokens.tolist() + [r for tk, _ in beams.pruned for r in tk.tolist()]
+    ids: dict[tuple[int, ...], int] = {}
+    for r in rows:  # every prefix of every row, each once
+        for d in range(len(r)):
+            ids.setdefault(tuple(r[: d + 1]), len(ids))
+    paths = [tuple(int(got.tree.tokens[j]) for j in got.tree.path_to(i)) for i in range(got.packed)]
+    assert sorted(paths) == sorted(ids) and len(set(paths)) == len(paths)
+    assert got.unpacked == sum(len(r) for r in rows)
+    nodes_of_final = dedup_beams(beams).packed
+    assert got.tree.tokens[:nodes_of_final].tolist() == dedup_beams(beams).tree.tokens.tolist()
+
+
 def naive_trie(tokens: np.ndarray) -> tuple[list[int], list[int]]:
     """BFS trie of the rows, nodes at a depth in first-beam order."""
     ids: dict[tuple[int, ...], int] = {}

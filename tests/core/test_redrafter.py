@@ -34,7 +34,7 @@ class FakeNet:
 def test_beams_become_a_tree_of_target_ids() -> None:
     net = FakeNet()
     assert isinstance(net, RecurrentNet)
-    d = ReDrafter(net, bw=2, t=3)
+    d = ReDrafter(net, bw=2, t=3, pruned=False)  # the final beams only, as seed 001
     tree = d.propose(np.array([7, 8, 103]), budget=64)
     assert net.cache_len == 2  # the hidden state of the token before the root
     assert net.calls[0] == ([103], [-1])  # the root, from the initial state
@@ -50,6 +50,21 @@ def test_beams_become_a_tree_of_target_ids() -> None:
     assert d.stats() == {
         "proposals": 2, "packed": 2 * len(tree), "unpacked": 12, "beam_rows": 4, "beam_len": 6
     }
+
+
+def test_pruned_prefixes_join_the_tree() -> None:
+    """By default the prefixes beam search kept at a depth and then dropped are verified
+    too: here the second first token (100) and the second two-token prefix (104 101)."""
+    d = ReDrafter(FakeNet(), bw=2, t=3)
+    tree = d.propose(np.array([7, 8, 103]), budget=64)
+    paths = {tuple(int(tree.tokens[j]) for j in tree.path_to(i)) for i in range(len(tree))}
+    assert {(104,), (104, 100), (104, 100, 101), (104, 100, 100)} < paths  # the beams
+    assert {(100,), (104, 101)} < paths and len(paths) == len(tree) == 6
+    assert d.last is not None and (d.last.packed, d.last.unpacked) == (6, 6 + 1 + 2)
+    for i in range(len(tree)):  # every node's path log-prob is its path's sum
+        np.testing.assert_allclose(
+            d.last.path_logp[i], d.last.logp[tree.path_to(i)].sum(), rtol=1e-12
+        )
 
 
 def test_budget_and_no_hidden_state() -> None:

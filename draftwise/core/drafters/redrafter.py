@@ -11,7 +11,7 @@ someone else in between), the drafter proposes nothing for that step: plain deco
 Example::
 
     d = ReDrafter(net, bw=2, t=4)
-    tree = d.propose(context, budget=16)   # at most 2 * 4 nodes, fewer when beams share
+    tree = d.propose(context, budget=16)   # the beams' distinct prefixes and the pruned ones
     d.last.packed, d.last.unpacked         # nodes verified vs tokens in the beams
     d.last_beam                            # (2, 4): the beams' width and length
 """
@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from draftwise.core.beam import BeamTree, beam_search, dedup_beams
+from draftwise.core.beam import Beams, BeamTree, beam_search, dedup_beams
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
 
@@ -72,10 +72,11 @@ class ReDrafter:
     states_probabilities = True  # its trees carry ``prob`` (``auto`` calibrates them)
     sized_by_planner = True  # as a member of ``auto``, bw and t are set each step
 
-    def __init__(self, net: RecurrentNet, bw: int = 2, t: int = 4) -> None:
+    def __init__(self, net: RecurrentNet, bw: int = 2, t: int = 4, pruned: bool = True) -> None:
         if bw < 1 or t < 1:
             raise DraftwiseError(f"redrafter needs bw >= 1 and t >= 1, got bw={bw}, t={t}")
         self.net, self.bw, self.t = net, bw, t
+        self.pruned = pruned  # also the prefixes beam search pruned (``core.beam``)
         self.name = "redrafter"
         self.last: BeamTree | None = None  # the last proposal, with its draft probabilities
         self.last_beam: tuple[int, int] | None = None  # (bw, t) of the last proposal's beams
@@ -116,8 +117,13 @@ class ReDrafter:
             return self.net.step(ids[tokens] if parents[0] >= 0 else tokens, parents)
 
         beams = beam_search(step, int(context[-1]), self.bw, self.t)
-        beams = type(beams)(ids[beams.tokens], beams.logp, beams.score)
-        out = dedup_beams(beams, budget)
+        beams = Beams(
+            ids[beams.tokens],
+            beams.logp,
+            beams.score,
+            tuple((ids[tk], lp) for tk, lp in beams.pruned),
+        )
+        out = dedup_beams(beams, budget, pruned=self.pruned)
         self.last, self.last_beam = out, (self.bw, self.t)
         self.proposals += 1
         self.beam_rows += self.bw
