@@ -234,7 +234,7 @@ register(DrafterEntry(
         Option("bw", int, 2, "beam width", low=1, high=16, remote=False),
         Option("t", int, 4, "tokens per beam", low=1, high=16, remote=False),
         Option("pruned", bool, True, "also verify the prefixes beam search pruned (seed 001: "
-               "off)", remote=False),
+               "false)", remote=False),
         Option("path", PATH, None, "a checkpoint dir (draftwise train-drafter)", remote=False),
         Option("net", OBJECT, None, "a RecurrentNet", remote=False),
     ), build_redrafter, remote=False,
