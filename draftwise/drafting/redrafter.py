@@ -79,14 +79,44 @@ def build_redrafter(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     return ReDrafter(TorchRecurrentStep(net, be), **opts)
 
 
-def auto_redrafter(ctx: DraftingContext, mode: str, bw: int, t: int) -> Drafter | None:
+# ``auto`` (the default) takes the member only where a plain step costs at least this
+# much at a 256-token context: several times its ~2 ms of drafting a step. Measured on
+# Spec-Bench in the bfloat16 mode (a 16 ms plain step here): `auto:redrafter=on` 1.96x vs
+# `auto` 1.88x (bench/results/specbench-pruned); in the 4bit default mode (2.8 ms) the
+# drafting is most of a step.
+MEMBER_MIN_STEP_MS = 8.0
+MEMBER_CONTEXT = 256
+
+
+def member_pays(cost: Any) -> bool:
+    """Whether a plain step (one row of ``cost``, a ``CostModel``) is slow enough for the
+    ReDrafter member's drafting to pay (``MEMBER_MIN_STEP_MS``).
+
+    Example::
+
+        >>> from draftwise.core.costmodel import CostModel
+        >>> member_pays(CostModel(rows=[1, 16], ms=[16.0, 24.0]))
+        True
+        >>> member_pays(CostModel(rows=[1, 16], ms=[2.8, 5.0]))
+        False
+    """
+    return float(cost.cost(1, MEMBER_CONTEXT)) >= MEMBER_MIN_STEP_MS
+
+
+def auto_redrafter(
+    ctx: DraftingContext, mode: str, bw: int, t: int, cost: Any = None
+) -> Drafter | None:
     """``auto``'s ReDrafter member: ``off`` none; ``on`` the ``redrafter`` drafter (its
     errors stand); ``auto`` it when a checkpoint made for this model loads on this
-    backend, else none (another model, no checkpoint, no hidden states)."""
+    backend and a plain step on ``cost`` (the device's curve) is slow enough for it to
+    pay (``member_pays``), else none (another model, no checkpoint, no hidden states, a
+    fast step)."""
     if mode == "off":
         return None
     if mode == "on":
         return build_redrafter(ctx, {"bw": bw, "t": t})
+    if cost is not None and not member_pays(cost):
+        return None
     if ctx.backend is None or not (checkpoint_for(ctx, None) / "config.json").is_file():
         return None
     try:

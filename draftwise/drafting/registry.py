@@ -78,12 +78,12 @@ def build_auto(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
         # at temperature > 0 each verify brings every row's logits to the host: its own
         # curve, measured (or read) on the first such generation
         opts.setdefault("sampling_cost", lambda: assets.cost_profile(quiet=quiet, sampling=True))
-    neural = opts.pop("redrafter", "off")
+    neural = opts.pop("redrafter", "auto")
     bw, t = opts.pop("rd_bw", 4), opts.pop("rd_t", 5)
     precise = Cacheback(ll=3, table="dynamic")
     precise.name = "cacheback-ll3"  # its own state file beside the others (save_members)
     members = [precise, SSD(), build_cacheback(ctx, {})]
-    rd = auto_redrafter(ctx, neural, bw, t)
+    rd = auto_redrafter(ctx, neural, bw, t, cost)
     if rd is not None:  # last: the saved states of the others keep their indices
         members.append(rd)
     return AutoDrafter(members, cost, **opts)
@@ -178,10 +178,10 @@ register(DrafterEntry(
     "auto", "Cacheback + SSD (+ ReDrafter) in one tree, sized each step by this device's cost curve", (
         Option("max_budget", int, 64, "most tree nodes per step", low=0, high=MAX_BUDGET),
         Option("cost", OBJECT, None, "a CostModel (default: this device's profile)", remote=False),
-        Option("redrafter", str, "off", "ReDrafter as a member (auto: when a checkpoint "
-               "for this model is found; off by default: in the 4bit default mode its ~2 ms "
-               "of drafting a step is most of a plain step)", choices=("auto", "on", "off"),
-               remote=False),
+        Option("redrafter", str, "auto", "ReDrafter as a member (auto: when a checkpoint "
+               "for this model is found and a plain step costs >= 8 ms, several times its "
+               "~2 ms of drafting: bf16/float32 on CPU, not the 4bit default mode)",
+               choices=("auto", "on", "off"), remote=False),
         Option("rd_bw", int, 4, "ReDrafter member's largest beam width (sized each step "
                "from what the planner keeps)", low=1, high=16, remote=False),
         Option("rd_t", int, 5, "ReDrafter member's most tokens per beam (likewise)", low=1,

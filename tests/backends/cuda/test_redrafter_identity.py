@@ -111,10 +111,21 @@ def test_redrafter_bf16_invariant_identical(  # type: ignore[no-untyped-def]
 @pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="no shipped checkpoint")
 def test_auto_takes_the_shipped_redrafter_as_a_member(torch_model):  # type: ignore[no-untyped-def]
     """``auto`` drafts with the shipped ReDrafter too (its nodes carry the network's own
-    probabilities, calibrated online) and stays lossless; by default it is left out."""
+    probabilities, calibrated online) and stays lossless; by default it takes it only
+    where this device's plain step is slow enough for its drafting to pay."""
+    from draftwise.core.costmodel import CostModel
+    from draftwise.drafting.redrafter import member_pays
+
     d = torch_model.drafter("auto:redrafter=on")
     assert d.members[-1].name == "redrafter"
-    assert "redrafter" not in [m.name for m in torch_model.drafter("auto").members]
+    default = torch_model.drafter("auto")
+    names = [m.name for m in default.members]
+    assert ("redrafter" in names) == member_pays(default.greedy_cost)
+    slow, fast = CostModel([1, 16], [30.0, 40.0]), CostModel([1, 16], [2.8, 5.0])
+    assert torch_model.drafter("auto", cost=slow).members[-1].name == "redrafter"
+    assert "redrafter" not in [m.name for m in torch_model.drafter("auto", cost=fast).members]
+    off = torch_model.drafter("auto:redrafter=off", cost=slow)
+    assert "redrafter" not in [m.name for m in off.members]
     prompt = OWN_PROMPTS[1]
     assert tokens_of(torch_model, prompt, d) == tokens_of(torch_model, prompt, "none")
     assert d.members[-1].stats()["proposals"] > 0
