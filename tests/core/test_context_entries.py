@@ -51,3 +51,18 @@ def test_matches_a_rebuild_on_random_histories() -> None:
                 ctx = np.concatenate([ctx[:cut], rng.integers(0, 3, int(rng.integers(1, 4)))])
             else:  # accepted tokens
                 ctx = np.concatenate([ctx, rng.integers(0, 3, int(rng.integers(1, 4)))])
+
+
+def test_update_is_plan_rows_added() -> None:
+    """``update`` asks the backend's rows from where ``plan`` says and records them."""
+    asked: list[int] = []
+
+    def rows(start: int) -> tuple[int, object | None]:
+        asked.append(start)
+        return start, "rows"
+
+    book = ContextEntries()
+    assert book.update(np.array([5, 6, 7, 8]), rows) == (0, 0, 1, 3, "rows")
+    assert book.update(np.array([5, 6, 7, 9, 4]), rows) == (1, 1, 2, 4, "rows")
+    assert asked == [0, 1] and book.pos.tolist() == [1, 2, 3]
+    assert ContextEntries().update(np.array([1, 2, 3]), lambda s: None) == (0, 2, 2, 2, None)

@@ -146,13 +146,10 @@ class TorchRecurrentStep:
         """Entries of the new positions (``core.drafters.context_entries``), as
         ``ReDrafterNet.context_entries`` makes them."""
         net, ly = self.net, self.layers
-        self._m, rows_from = self._book.plan(context)
-        got = self.backend.hidden_rows(rows_from)
-        first, g = (context.size - 1, None) if got is None else got
-        a, b = self._book.added(context, first)
+        self._m, first, a, b, g = self._book.update(context, self.backend.hidden_rows)
         if b <= a or g is None:
             return
-        g = g.to(self.dtype)  # (n, C): positions first..
+        g = g.to(self.dtype)  # type: ignore[attr-defined]  # (n, C): positions first..
         dev = self.embed.device
         x = torch.from_numpy(context[a : b + 1]).to(dev)  # (b - a + 1,)
         e = self.embed[x]  # (b - a + 1, C)
@@ -236,8 +233,8 @@ class TorchRecurrentStep:
         if m == 0:
             p = (1 - g) * logp.exp() + COPY_EPS  # (B, K)
         else:
-            cols = self._kvc[2][:m] if self._kvc is not None else None  # (L,)
-            assert cols is not None
+            assert self._kvc is not None
+            cols = self._kvc[2][:m]  # (L,)
             src = w0.float() * (cols >= 0)  # (B, L)
             copy = torch.zeros_like(logp).scatter_add_(1, cols.clamp(min=0).expand(b, m), src)
             p = (1 - g) * logp.exp() + g * copy + COPY_EPS  # (B, K)

@@ -159,15 +159,12 @@ class MLXRecurrentStep:
 
     def _add_entries(self, context: np.ndarray) -> None:
         """Entries of the new positions (``core.drafters.context_entries``); lazy."""
-        keep, rows_from = self._book.plan(context)
+        keep, first, a, b, g = self._book.update(context, self.backend.hidden_rows)
         if self._kvc is not None:
             self._kvc = (self._kvc[0][:keep], self._kvc[1][:keep], self._kvc[2][:keep])
-        got = self.backend.hidden_rows(rows_from)
-        first, g = (context.size - 1, None) if got is None else got
-        a, b = self._book.added(context, first)
         if b <= a or g is None:
             return
-        g = g.astype(mx.float32)  # (n, C): positions first..
+        g = g.astype(mx.float32)  # type: ignore[attr-defined]  # (n, C): positions first..
         x = mx.array(context[a : b + 1].astype(np.int32))  # (b - a + 1,)
         new = self.net.context_entries(
             g[a - 1 - first : b - 1 - first], x[:-1], x[1:], g[a - first : b - first]

@@ -22,7 +22,12 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+
+# a backend's ``hidden_rows(start)`` (``core.cachebook.CacheBook``)
+HiddenRows = Callable[[int], "tuple[int, object | None] | None"]
 
 
 class ContextEntries:
@@ -62,3 +67,15 @@ class ContextEntries:
         self.tokens = ctx.copy()
         self.next = b
         return a, b
+
+    def update(
+        self, context: np.ndarray, hidden_rows: HiddenRows
+    ) -> tuple[int, int, int, int, object | None]:
+        """``plan``, the backend's rows, ``added`` in one: ``(keep, first, a, b, rows)``,
+        the held entries still right, then the new ones ``a .. b-1`` built from ``rows``
+        (positions ``first ..``; None, or ``a == b``: no new entry)."""
+        keep, rows_from = self.plan(context)
+        got = hidden_rows(rows_from)
+        first, rows = (context.size - 1, None) if got is None else got
+        a, b = self.added(context, first)
+        return keep, first, a, b, rows
