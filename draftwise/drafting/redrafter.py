@@ -43,6 +43,7 @@ def build_redrafter(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     """``redrafter``: the trained recurrent drafter on the target's device (``net``: a
     ``RecurrentNet`` given as an object instead)."""
     net_obj = opts.pop("net", None)
+    extend = bool(opts.pop("extend", True))  # a backend step's option (context_vocab)
     if net_obj is not None:
         return ReDrafter(net_obj, **opts)
     be = ctx.backend
@@ -56,7 +57,7 @@ def build_redrafter(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
         )
 
         mnet = MLXReDrafterNet.load(ckpt, be, ctx.tokenizer_id)  # type: ignore[arg-type]
-        return ReDrafter(MLXRecurrentStep(mnet, be), **opts)  # type: ignore[arg-type]
+        return ReDrafter(MLXRecurrentStep(mnet, be, extend=extend), **opts)  # type: ignore[arg-type]
     import torch
 
     from draftwise.backends.cuda.backend import TorchBackend
@@ -75,8 +76,9 @@ def build_redrafter(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
         # 1 row took 0.8 ms in bfloat16 and 0.3 ms in int8 here (redrafter_step). Drafts
         # may differ at near-ties; the output never does.
         net = net.to(torch.bfloat16)
-        return ReDrafter(TorchRecurrentStep(net, be, int8=int8_supported()), **opts)
-    return ReDrafter(TorchRecurrentStep(net, be), **opts)
+        step = TorchRecurrentStep(net, be, int8=int8_supported(), extend=extend)
+        return ReDrafter(step, **opts)
+    return ReDrafter(TorchRecurrentStep(net, be, extend=extend), **opts)
 
 
 # ``auto`` (the default) takes the member only where a plain step costs at least this

@@ -235,6 +235,8 @@ register(DrafterEntry(
         Option("t", int, 4, "tokens per beam", low=1, high=16, remote=False),
         Option("pruned", bool, True, "also verify the prefixes beam search pruned (seed 001: "
                "false)", remote=False),
+        Option("extend", bool, True, "also draft the context's tokens outside the draft "
+               "vocabulary (false: the fixed vocabulary only)", remote=False),
         Option("path", PATH, None, "a checkpoint dir (draftwise train-drafter)", remote=False),
         Option("net", OBJECT, None, "a RecurrentNet", remote=False),
     ), build_redrafter, remote=False,

@@ -11,7 +11,10 @@ The network's math is ``ReDrafterNet``'s (``redrafter.py``), rearranged for draf
   matrix-vector products whose cost is reading the weights: measured here (2 threads,
   one row) the head's 4096 x 576 took 91 us in bfloat16 and 34 us in int8, the ResBlock's
   1152 x 1152 59 us and 19 us. The relative error of a layer is about 0.8%; drafts may
-  differ at near-ties, the output never does (the target verifies every token).
+  differ at near-ties, the output never does (the target verifies every token);
+- ``extend=True``: the draft vocabulary of each proposal also holds the context's ids
+  outside the fixed one (``core.drafters.context_vocab``), scored with the target's
+  embedding rows and one bias, and copied to like the fixed ids.
 
 Example::
 
@@ -31,6 +34,7 @@ from torch import nn
 
 from draftwise.backends.cuda.redrafter import COPY_EPS, ReDrafterNet
 from draftwise.core.drafters.context_entries import ContextEntries
+from draftwise.core.drafters.context_vocab import ContextVocab, extra_bias
 
 INT8_MIN_ROWS = 64  # layers with fewer output rows stay dense (the gate's one row)
 
@@ -103,26 +107,35 @@ class _Layers:
 class TorchRecurrentStep:
     """The tensor step of ``core.drafters.redrafter.RecurrentNet`` on a torch backend: the
     RNN states stay on the target's device; each step is one small forward and one copy
-    of (B, K) log-probs to the host. ``int8``: see the module docstring (CPU only)."""
+    of (B, K) log-probs to the host. ``int8``, ``extend``: see the module docstring
+    (int8: CPU only)."""
 
-    def __init__(self, net: ReDrafterNet, backend: Any, int8: bool = False) -> None:
+    def __init__(
+        self, net: ReDrafterNet, backend: Any, int8: bool = False, extend: bool = False
+    ) -> None:
         self.net = net.eval()
         self.backend = backend
         self.dtype = torch.bfloat16 if int8 else net.embed.dtype  # activations
         self.embed = net.embed.to(self.dtype)  # (V, C): no copy when the dtypes agree
         with torch.no_grad():
             self.layers = _Layers(net, self.dtype, int8)
-        self.vocab_ids = net.vocab_ids.cpu().numpy().astype(np.int64)  # (K,)
+        base = net.vocab_ids.cpu().numpy().astype(np.int64)  # (K,)
+        self._vocab = ContextVocab(base, net.cfg.vocab_size)
+        self.extend = extend
+        self.vocab_ids = base  # (K + E,) after ``start`` with ``extend``
+        self._xbias = extra_bias(net.bias.detach().float().cpu().numpy())
+        self._xrows: torch.Tensor | None = None  # (E, C) the extra ids' embedding rows
         self._h: torch.Tensor | None = None  # (1, C)
         self._hq: torch.Tensor | None = None  # (1, D) h's part of the query
         self._hr: torch.Tensor | None = None  # (1, 2C) h's part of the first ResBlock
         self._hg: torch.Tensor | None = None  # (1, 1) h's part of the gate
         self._s: torch.Tensor | None = None  # (B, C)
-        # a context network's entries (keys, values (cap, D), columns (cap,)): the first
-        # ``_m`` rows are the ones ``_book`` holds
+        # a context network's entries (keys, values (cap, D)): the first ``_m`` rows are
+        # the ones ``_book`` holds; ``_cols`` (m,) their next tokens' draft columns
         self._book = ContextEntries()
-        self._kvc: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._kvc: tuple[torch.Tensor, torch.Tensor] | None = None
         self._m = 0
+        self._cols: torch.Tensor | None = None
         if net.cfg.context_dim:
             backend.keep_hidden_rows()
 
@@ -133,19 +146,27 @@ class TorchRecurrentStep:
         if self.backend.hidden_len != cache_len or cache_len < 1:
             return False
         ly = self.layers
+        ctx = np.asarray(context, np.int64)
+        dev = self.embed.device
         with torch.inference_mode():
             h = self.backend.last_hidden().to(self.dtype)[None]  # (1, C)
             self._h, self._hr = h, ly.res_h(h)  # (1, C), (1, 2C)
+            if self.extend:
+                self.vocab_ids = self._vocab.update(ctx)  # (K + E,)
+                extra = torch.from_numpy(self._vocab.extra).to(dev)  # (E,)
+                self._xrows = self.embed[extra] if extra.numel() else None  # (E, C)
             if self.net.cfg.context_dim:
                 self._hq, self._hg = ly.q_h(h), ly.g_h(h)  # (1, D), (1, 1)
-                self._add_entries(np.asarray(context, np.int64))
+                self._add_entries(ctx)
+                nxt = ctx[self._book.pos + 1]  # (m,) each entry's next token
+                self._cols = torch.from_numpy(self._vocab.columns(nxt)).to(dev)  # (m,)
         self._s = None
         return True
 
     def _add_entries(self, context: np.ndarray) -> None:
         """Entries of the new positions (``core.drafters.context_entries``), as
         ``ReDrafterNet.context_entries`` makes them."""
-        net, ly = self.net, self.layers
+        ly = self.layers
         self._m, first, a, b, g = self._book.update(context, self.backend.hidden_rows)
         if b <= a or g is None:
             return
@@ -157,26 +178,25 @@ class TorchRecurrentStep:
         # faster in float32 than in bfloat16 on CPU
         k = ly.wk(torch.cat([g[a - 1 - first : b - 1 - first], e[:-1]], dim=-1)).float()
         v = ly.wv(torch.cat([e[1:], g[a - first : b - first]], dim=-1)).float()
-        cols = net.col[x[1:]]  # (n',)
         need = self._m + (b - a)
         if self._kvc is None or self._kvc[0].shape[0] < need:
             cap = max(64, 2 * need)
-            d = net.cfg.context_dim
+            d = self.net.cfg.context_dim
             grown = (
                 torch.empty(cap, d, dtype=k.dtype, device=dev),
                 torch.empty(cap, d, dtype=k.dtype, device=dev),
-                torch.empty(cap, dtype=torch.long, device=dev),
             )
             if self._kvc is not None:
                 for new, old in zip(grown, self._kvc, strict=True):
                     new[: self._m] = old[: self._m]
             self._kvc = grown
-        for buf, rows in zip(self._kvc, (k, v, cols), strict=True):
+        for buf, rows in zip(self._kvc, (k, v), strict=True):
             buf[self._m : need] = rows
         self._m = need
 
     def step(self, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
-        """(B,) target ids and (B,) parent rows (-1: the initial state) -> (B, K) log-probs."""
+        """(B,) target ids and (B,) parent rows (-1: the initial state) -> (B, K + E)
+        log-probs (E = 0 without ``extend``)."""
         assert self._h is not None and self._hr is not None
         ly = self.layers
         with torch.inference_mode():
@@ -197,15 +217,20 @@ class TorchRecurrentStep:
             return self._mix(logp, w[0], g).cpu().numpy()  # (B, K)
 
     def _head(self, s: torch.Tensor) -> torch.Tensor:
-        """(B, C) state (with the context's read-out) -> (B, K) logits:
-        ``ReDrafterNet.head`` with ``h``'s half of the first ResBlock precomputed."""
+        """(B, C) state (with the context's read-out) -> (B, K + E) logits:
+        ``ReDrafterNet.head`` with ``h``'s half of the first ResBlock precomputed, and the
+        extra ids' columns."""
         ly = self.layers
         assert self._h is not None and self._hr is not None
         x = torch.cat([self._h.expand(s.shape[0], -1), s], dim=-1)  # (B, 2C)
         x = x + F.silu(self._hr + ly.res_s(s))  # (B, 2C)
         for r in ly.res:
             x = x + F.silu(r(x))  # (B, 2C)
-        return ly.head(ly.proj(x))  # (B, K)
+        z = ly.proj(x)  # (B, C)
+        if self._xrows is None or not self.extend:
+            return ly.head(z)  # (B, K)
+        extra = F.linear(z, self._xrows) + self._xbias  # (B, E)
+        return torch.cat([ly.head(z), extra], dim=-1)  # (B, K + E)
 
     def _attend(self, s: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Attention of (B, C) states ``s`` and fed embeddings ``e`` over every entry (and
@@ -228,13 +253,14 @@ class TorchRecurrentStep:
 
     def _mix(self, logp: torch.Tensor, w0: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """``ReDrafterNet.context_logp``'s mixture: (B, K) head log-probs, (B, L) head 0's
-        weights, (B, 1) gate -> (B, K) normalized log-probs."""
+        weights, (B, 1) gate -> (B, K) normalized log-probs (K + E columns with
+        ``extend``)."""
         b, m = w0.shape
         if m == 0:
             p = (1 - g) * logp.exp() + COPY_EPS  # (B, K)
         else:
-            assert self._kvc is not None
-            cols = self._kvc[2][:m]  # (L,)
+            assert self._cols is not None
+            cols = self._cols  # (L,)
             src = w0.float() * (cols >= 0)  # (B, L)
             copy = torch.zeros_like(logp).scatter_add_(1, cols.clamp(min=0).expand(b, m), src)
             p = (1 - g) * logp.exp() + g * copy + COPY_EPS  # (B, K)

@@ -20,6 +20,7 @@ import numpy as np
 
 from draftwise.backends.mlx.backend import MLXBackend
 from draftwise.core.drafters.context_entries import ContextEntries
+from draftwise.core.drafters.context_vocab import ContextVocab, extra_bias
 from draftwise.core.drafters.redrafter import FINGERPRINT_ROWS, embed_fingerprint
 from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig, checked_weights
 from draftwise.errors import DraftwiseError
@@ -82,14 +83,20 @@ class MLXReDrafterNet:
         z = self._lin("w", self.embed[tokens]) + self._lin("u", state)  # (B, C)
         return z * mx.sigmoid(z)
 
-    def head(self, h: mx.array, state: mx.array) -> mx.array:
-        """(B, C), (B, C) -> (B, K) draft logits."""
+    def head(
+        self, h: mx.array, state: mx.array, extra: tuple[mx.array, float] | None = None
+    ) -> mx.array:
+        """(B, C), (B, C) -> (B, K) draft logits; ``extra``: the (E, C) embedding rows
+        and the one bias of extra ids (``core.drafters.context_vocab``) -> (B, K + E)."""
         x = mx.concatenate([h, state], axis=-1)  # (B, 2C)
         for i in range(self.cfg.resblocks):
             y = self._lin(f"res.{i}", x)
             x = x + y * mx.sigmoid(y)  # (B, 2C)
         z = self._lin("proj", x)  # (B, C)
-        return z @ self.rows.T + self.t["bias"]  # (B, K)
+        logits = z @ self.rows.T + self.t["bias"]  # (B, K)
+        if extra is None:
+            return logits
+        return mx.concatenate([logits, z @ extra[0].T + extra[1]], axis=-1)  # (B, K + E)
 
     def context_entries(
         self, g_prev: mx.array, x: mx.array, x_next: mx.array, g: mx.array
@@ -108,10 +115,11 @@ class MLXReDrafterNet:
         keys: mx.array,
         values: mx.array,
         cols: mx.array,
+        extra: tuple[mx.array, float] | None = None,
     ) -> mx.array:
         """(B, C) hidden and RNN states, (B,) tokens fed to the cell, (n, D) keys and
         values, (n,) columns -> (B, K) log-probs, every entry visible (as in torch:
-        ``ReDrafterNet.context_logp``)."""
+        ``ReDrafterNet.context_logp``); (B, K + E) with ``extra`` (see ``head``)."""
         b, n = s.shape[0], keys.shape[0]
         nh = self.cfg.context_heads
         dh = self.cfg.context_dim // nh
@@ -123,7 +131,7 @@ class MLXReDrafterNet:
         null = mx.zeros((nh, b, 1), dtype=sc.dtype)  # attend nowhere
         w = mx.softmax(mx.concatenate([sc, null], axis=-1), axis=-1)[..., :n]  # (H, B, n)
         o = (w @ v).transpose(1, 0, 2).reshape(b, nh * dh)  # (B, D)
-        logits = self.head(h, s + self._lin("wo", o))  # (B, K)
+        logits = self.head(h, s + self._lin("wo", o), extra)  # (B, K)
         logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (B, K)
         g = mx.sigmoid(self._lin("gate", mx.concatenate([h, s, o], axis=-1)))  # (B, 1)
         src = w[0] * (cols >= 0)[None, :]  # (B, n)
@@ -135,25 +143,40 @@ class MLXReDrafterNet:
 
 
 class MLXRecurrentStep:
-    """``RecurrentNet`` on the MLX backend (see the module docstring)."""
+    """``RecurrentNet`` on the MLX backend (see the module docstring); ``extend``: the
+    context's ids outside the draft vocabulary join it (as torch's step)."""
 
-    def __init__(self, net: MLXReDrafterNet, backend: MLXBackend) -> None:
+    def __init__(self, net: MLXReDrafterNet, backend: MLXBackend, extend: bool = False) -> None:
         self.net, self.backend = net, backend
-        self.vocab_ids = net.vocab_ids
+        self.extend = extend
+        self._vocab = ContextVocab(net.vocab_ids, net.cfg.vocab_size)
+        self.vocab_ids = net.vocab_ids  # (K + E,) after ``start`` with ``extend``
+        self._xbias = extra_bias(np.array(net.t["bias"]))
+        self._extra: tuple[mx.array, float] | None = None  # (E, C) rows, their bias
         self._h: mx.array | None = None  # (1, C)
         self._s: mx.array | None = None  # (B, C)
-        # a context network's entries: keys, values (m, D), columns (m,), as ``_book``
+        # a context network's entries: keys, values (m, D), as ``_book``; ``_cols`` (m,)
+        # their next tokens' draft columns
         self._book = ContextEntries()
-        self._kvc: tuple[mx.array, mx.array, mx.array] | None = None
+        self._kvc: tuple[mx.array, mx.array] | None = None
+        self._cols = mx.zeros((0,), dtype=mx.int32)
         if net.cfg.context_dim:
             backend.keep_hidden_rows()
 
     def start(self, cache_len: int, context: np.ndarray) -> bool:
         if self.backend.hidden_len != cache_len or cache_len < 1:
             return False
+        ctx = np.asarray(context, np.int64)
         self._h = self.backend.last_hidden().astype(mx.float32)[None]  # (1, C), lazy
+        if self.extend:
+            self.vocab_ids = self._vocab.update(ctx)  # (K + E,)
+            extra = self._vocab.extra
+            rows = self.net.embed[mx.array(extra.astype(np.int32))] if extra.size else None
+            self._extra = None if rows is None else (rows, self._xbias)  # (E, C)
         if self.net.cfg.context_dim:
-            self._add_entries(np.asarray(context, np.int64))
+            self._add_entries(ctx)
+            cols = self._vocab.columns(ctx[self._book.pos + 1])  # (m,)
+            self._cols = mx.array(cols.astype(np.int32))
         self._s = None
         return True
 
@@ -161,14 +184,14 @@ class MLXRecurrentStep:
         """Entries of the new positions (``core.drafters.context_entries``); lazy."""
         keep, first, a, b, g = self._book.update(context, self.backend.hidden_rows)
         if self._kvc is not None:
-            self._kvc = (self._kvc[0][:keep], self._kvc[1][:keep], self._kvc[2][:keep])
+            self._kvc = (self._kvc[0][:keep], self._kvc[1][:keep])
         if b <= a or g is None:
             return
         g = g.astype(mx.float32)  # type: ignore[attr-defined]  # (n, C): positions first..
         x = mx.array(context[a : b + 1].astype(np.int32))  # (b - a + 1,)
         new = self.net.context_entries(
             g[a - 1 - first : b - 1 - first], x[:-1], x[1:], g[a - first : b - first]
-        )
+        )[:2]
         if self._kvc is None:
             self._kvc = new
         else:
@@ -190,10 +213,12 @@ class MLXRecurrentStep:
             if self._kvc is None:
                 d = self.net.cfg.context_dim
                 empty = mx.zeros((0, d), dtype=mx.float32)
-                self._kvc = (empty, empty, mx.zeros((0,), dtype=mx.int32))
-            logp = self.net.context_logp(h, self._s, ids, *self._kvc)  # (B, K)
+                self._kvc = (empty, empty)
+            logp = self.net.context_logp(
+                h, self._s, ids, *self._kvc, self._cols, self._extra
+            )  # (B, K + E)
         else:
-            logits = self.net.head(h, self._s)
+            logits = self.net.head(h, self._s, self._extra)
             logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (B, K)
         mx.eval(logp, self._s)
         return np.array(logp)

@@ -3,6 +3,8 @@ the layers precomputed once per proposal), and its int8 weights stay close to th
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,7 @@ from draftwise.backends.cuda.redrafter_step import (  # noqa: E402
     TorchRecurrentStep,
     int8_supported,
 )
+from draftwise.core.drafters.context_vocab import EXTRA_BIAS_QUANTILE  # noqa: E402
 from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig  # noqa: E402
 from tests.backends.cuda.test_torch_backend import V, _save_tiny  # noqa: E402
 
@@ -85,6 +88,41 @@ def test_dense_step_equals_the_network(tiny, context_dim):  # type: ignore[no-un
             ]
     for g_, w_ in zip(got, want, strict=True):
         np.testing.assert_allclose(g_, w_.numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize("context_dim", [0, 64])
+def test_extended_step_equals_a_network_with_the_extra_ids(tiny, context_dim):  # type: ignore[no-untyped-def]
+    """``extend``: each proposal's draft vocabulary is the fixed ids, then the context's
+    other ids in order of first appearance; the step's log-probs over them equal those
+    of a ``ReDrafterNet`` whose vocabulary holds those ids with the one extra bias (the
+    same head on the target's embedding rows, copy columns for every context token)."""
+    net = _net(tiny, context_dim)
+    step = TorchRecurrentStep(net, tiny, extend=True)
+    ctx = np.array([3, 40, 95, 3, 11, 96, 50, 95, 40, 2, 96, 7])  # 3, 95, 96, 2, 7: not in 10..89
+    got = _two_steps(step, tiny, ctx)
+    extra = [3, 95, 96, 2, 7]
+    assert step.vocab_ids.tolist() == list(range(10, 10 + K)) + extra
+    assert got[0].shape == (1, K + len(extra))
+    b0 = float(np.quantile(net.bias.detach().numpy().astype(np.float64), EXTRA_BIAS_QUANTILE))
+    ids = torch.tensor(step.vocab_ids)
+    ref = ReDrafterNet(
+        dataclasses.replace(net.cfg, draft_vocab=ids.numel()), net.embed, ids
+    ).eval()
+    state = {k: v for k, v in net.state_dict().items() if k not in ("bias", "vocab_ids")}
+    ref.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        ref.bias.copy_(torch.cat([net.bias, torch.full((len(extra),), b0)]))
+    ref_step = TorchRecurrentStep(ref, tiny)  # the fixed vocabulary = the extended one
+    want = _two_steps(ref_step, tiny, ctx)
+    for g_, w_ in zip(got, want, strict=True):
+        np.testing.assert_allclose(g_, w_, atol=1e-4)
+    if context_dim:  # copy mass reaches the extra ids (here more than their head share)
+        assert np.exp(got[0][0, K:]).sum() > 0
+    # a new prompt: the extra columns follow its context
+    tiny.reset()
+    tiny.prefill(np.array([10, 11, 12]))
+    assert step.start(3, np.array([10, 11, 12, 4]))
+    assert step.vocab_ids.tolist() == list(range(10, 10 + K)) + [4]
 
 
 @needs_int8

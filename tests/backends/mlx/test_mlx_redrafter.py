@@ -27,10 +27,11 @@ from tests.backends.cuda.test_torch_backend import V, _save_tiny  # noqa: E402
 pytestmark = pytest.mark.mlx
 
 
-@pytest.mark.parametrize("context_dim", [0, 16])
-def test_mlx_hidden_and_drafts_equal_torch(tmp_path, context_dim):
+@pytest.mark.parametrize("context_dim,extend", [(0, False), (16, False), (0, True), (16, True)])
+def test_mlx_hidden_and_drafts_equal_torch(tmp_path, context_dim, extend):
     """Same hidden state, same trees and path log-probs over two steps; with
-    ``context_dim`` the networks also attend over (and copy from) the context."""
+    ``context_dim`` the networks also attend over (and copy from) the context; with
+    ``extend`` the context's ids outside the draft vocabulary join it."""
     model_dir, _ = _save_tiny(tmp_path / "m", "llama")
     tb = TorchBackend.from_pretrained(model_dir, device="cpu", invariant=False)
     mb = MLXBackend.from_pretrained(model_dir, dtype="float32", invariant=False)
@@ -45,8 +46,8 @@ def test_mlx_hidden_and_drafts_equal_torch(tmp_path, context_dim):
             p.add_(torch.randn_like(p) * 0.3)
     save_redrafter(net, tmp_path / "ckpt")
     mnet = MLXReDrafterNet.load(tmp_path / "ckpt", mb, "tok")
-    drafters = [ReDrafter(TorchRecurrentStep(net, tb), bw=3, t=4)]  # before the prefill:
-    drafters.append(ReDrafter(MLXRecurrentStep(mnet, mb), bw=3, t=4))  # rows are kept
+    steps = [TorchRecurrentStep(net, tb, extend=extend), MLXRecurrentStep(mnet, mb, extend=extend)]
+    drafters = [ReDrafter(s, bw=3, t=4) for s in steps]  # before the prefill: rows are kept
 
     ctx = np.random.default_rng(0).integers(0, V, 9)
     tree = DraftTree(np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 1]))
@@ -66,6 +67,8 @@ def test_mlx_hidden_and_drafts_equal_torch(tmp_path, context_dim):
         assert trees[0].tokens.tolist() == trees[2].tokens.tolist()
         assert trees[0].parents.tolist() == trees[2].parents.tolist()
         np.testing.assert_allclose(trees[1], trees[3], atol=1e-4)
+        assert steps[0].vocab_ids.tolist() == steps[1].vocab_ids.tolist()
+        assert len(steps[0].vocab_ids) == 50 + (extend and len(set(seq) - set(range(20, 70))))
         chain = DraftTree(np.array([3, 4]), np.array([-1, 0]))  # accept both: 9, 3, 4
         for be in (tb, mb):
             be.verify(int(seq[-1]), chain, need_logits=False)
