@@ -227,7 +227,7 @@ class TorchRecurrentStep:
         for r in ly.res:
             x = x + F.silu(r(x))  # (B, 2C)
         z = ly.proj(x)  # (B, C)
-        if self._xrows is None or not self.extend:
+        if self._xrows is None:  # no extra ids (or no ``extend``)
             return ly.head(z)  # (B, K)
         extra = F.linear(z, self._xrows) + self._xbias  # (B, E)
         return torch.cat([ly.head(z), extra], dim=-1)  # (B, K + E)

@@ -54,7 +54,9 @@ def embed_fingerprint(rows: np.ndarray, shape: tuple[int, int]) -> str:
 class RecurrentNet(Protocol):
     """The tensor step of a ReDrafter network on the target's device."""
 
-    vocab_ids: np.ndarray  # (K,) int64: target id of each draft-vocabulary column
+    # (K,) int64: target id of each draft-vocabulary column; a step may extend it in
+    # ``start`` (by the context's other ids: ``context_vocab``), read after it
+    vocab_ids: np.ndarray
 
     def start(self, cache_len: int, context: np.ndarray) -> bool:
         """Take the target's hidden state of the last cached token when the cache holds

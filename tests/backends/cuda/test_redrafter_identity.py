@@ -164,3 +164,54 @@ def test_context_entries_after_generation_equal_a_fresh_prefill(torch_model, ran
     assert not fixed.all()  # the extra columns were exercised
     torch.testing.assert_close(keys.float(), k.float(), rtol=0.05, atol=0.05)
     torch.testing.assert_close(values.float(), v.float(), rtol=0.05, atol=0.05)
+
+
+# a prompt whose answer copies words outside the shipped draft vocabulary
+COPY_PROMPT = (
+    "Repeat this sentence exactly, then translate it into French: 'Quokkas near Fremantle "
+    "were photographed by Ngozi Okonkwo with a Hasselblad.'"
+)
+
+
+def _with_and_without_extension(model, prompt, max_tokens):  # type: ignore[no-untyped-def]
+    """Greedy tokens of plain decoding and, per ``extend``, of the shipped drafter
+    (bw=4, t=5): its MAT and the size of its last proposal's draft vocabulary."""
+    import draftwise
+
+    plain = tokens_of(model, prompt, "none") if max_tokens == MAX_TOKENS else [
+        r for r in draftwise.stream_generate(model, prompt, drafter="none", max_tokens=max_tokens)
+    ][-1].token_ids
+    out = {}
+    for extend in (True, False):
+        d = model.drafter(f"redrafter:bw=4,t=5,extend={str(extend).lower()}")
+        d.reset()
+        last = list(draftwise.stream_generate(model, prompt, drafter=d, max_tokens=max_tokens))[-1]
+        assert last.token_ids == plain, f"extend={extend}"
+        out[extend] = (last.mean_accepted, d.net.vocab_ids.size, d.net._vocab.base.size)
+    return out
+
+
+@pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="no shipped checkpoint")
+def test_shipped_redrafter_with_the_context_vocabulary_identical(torch_model):  # type: ignore[no-untyped-def]
+    """The context's ids outside the draft vocabulary join it (the default): identical
+    output, and the drafter's vocabulary did grow; without ``extend`` it stays fixed."""
+    got = _with_and_without_extension(torch_model, COPY_PROMPT, MAX_TOKENS)
+    _, size, base = got[True]
+    assert size > base
+    assert got[False][1] == got[False][2]
+
+
+@pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="no shipped checkpoint")
+def test_shipped_redrafter_context_vocabulary_on_specbench(torch_model):  # type: ignore[no-untyped-def]
+    """Spec-Bench translation, rag and extraction (a third, a quarter and a sixth of their
+    greedy tokens lie outside the fixed draft vocabulary): identical output with and
+    without the extension, and with it more tokens accepted a step over the three
+    (bench/results/specbench-context-vocab: MAT 2.10 -> 3.08, 2.22 -> 2.83 and 2.71 ->
+    3.23 over these categories' bench turns)."""
+    from tests.prompts import bench_prompts, one_per_category
+
+    rows = one_per_category(bench_prompts(), ["translation", "rag", "extraction"])
+    mats = {r["category"]: _with_and_without_extension(torch_model, r["turns"][0], 64)
+            for r in rows}
+    print("(MAT, vocabulary, fixed) with / without the extension:", mats)
+    assert sum(m[True][0] for m in mats.values()) > sum(m[False][0] for m in mats.values())
