@@ -175,19 +175,25 @@ COPY_PROMPT = (
 
 def _with_and_without_extension(model, prompt, max_tokens):  # type: ignore[no-untyped-def]
     """Greedy tokens of plain decoding and, per ``extend``, of the shipped drafter
-    (bw=4, t=5): its MAT and the size of its last proposal's draft vocabulary."""
+    (bw=4, t=5): its MAT and the size of its last proposal's draft vocabulary. The
+    drafters exist before the first prefill (so the backend keeps every position's
+    hidden row for their context entries) and every generation prefills its whole
+    prompt, as the bench does."""
     import draftwise
 
-    plain = tokens_of(model, prompt, "none") if max_tokens == MAX_TOKENS else [
-        r for r in draftwise.stream_generate(model, prompt, drafter="none", max_tokens=max_tokens)
-    ][-1].token_ids
+    drafters = {e: model.drafter(f"redrafter:bw=4,t=5,extend={str(e).lower()}") for e in (1, 0)}
+
+    def run(d):  # type: ignore[no-untyped-def]
+        model.backend.reset()
+        return list(draftwise.stream_generate(model, prompt, drafter=d, max_tokens=max_tokens))[-1]
+
+    plain = run("none").token_ids
     out = {}
-    for extend in (True, False):
-        d = model.drafter(f"redrafter:bw=4,t=5,extend={str(extend).lower()}")
+    for extend, d in drafters.items():
         d.reset()
-        last = list(draftwise.stream_generate(model, prompt, drafter=d, max_tokens=max_tokens))[-1]
+        last = run(d)
         assert last.token_ids == plain, f"extend={extend}"
-        out[extend] = (last.mean_accepted, d.net.vocab_ids.size, d.net._vocab.base.size)
+        out[bool(extend)] = (last.mean_accepted, d.net.vocab_ids.size, d.net._vocab.base.size)
     return out
 
 
