@@ -38,7 +38,7 @@ class ReplayHidden:
         self.hidden_len = 0  # the cache length of the step being replayed
 
     def keep_hidden_rows(self) -> None:
-        pass
+        """Every row is there already."""
 
     def last_hidden(self) -> Any:
         return self.rows[self.hidden_len - 1]

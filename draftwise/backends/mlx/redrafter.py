@@ -50,9 +50,6 @@ class MLXReDrafterNet:
         self.embed = embed  # (V, C) float32
         self.vocab_ids = np.array(tensors["vocab_ids"]).astype(np.int64)  # (K,)
         self.rows = embed[mx.array(self.vocab_ids.astype(np.int32))]  # (K, C)
-        col = np.full(cfg.vocab_size, -1, np.int32)  # (V,) id -> draft column
-        col[self.vocab_ids] = np.arange(self.vocab_ids.size, dtype=np.int32)
-        self.col = mx.array(col)
 
     @classmethod
     def load(
@@ -100,12 +97,13 @@ class MLXReDrafterNet:
 
     def context_entries(
         self, g_prev: mx.array, x: mx.array, x_next: mx.array, g: mx.array
-    ) -> tuple[mx.array, mx.array, mx.array]:
-        """Keys, values (n, D) and copy columns (n,) of context entries (as in torch:
-        ``ReDrafterNet.context_entries``)."""
+    ) -> tuple[mx.array, mx.array]:
+        """Keys and values (n, D) of context entries (as in torch:
+        ``ReDrafterNet.context_entries``; their copy columns come from the step's
+        ``ContextVocab`` each proposal)."""
         k = self._lin("wk", mx.concatenate([g_prev, self.embed[x]], axis=-1))  # (n, D)
         v = self._lin("wv", mx.concatenate([self.embed[x_next], g], axis=-1))  # (n, D)
-        return k, v, self.col[x_next]
+        return k, v
 
     def context_logp(
         self,
@@ -191,7 +189,7 @@ class MLXRecurrentStep:
         x = mx.array(context[a : b + 1].astype(np.int32))  # (b - a + 1,)
         new = self.net.context_entries(
             g[a - 1 - first : b - 1 - first], x[:-1], x[1:], g[a - first : b - first]
-        )[:2]
+        )
         if self._kvc is None:
             self._kvc = new
         else:
