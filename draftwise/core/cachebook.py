@@ -66,9 +66,16 @@ class CacheBook:
 
     def keep_hidden_rows(self) -> None:
         """From now on, keep every cached position's last-layer residual row (see
-        ``hidden_rows``): a drafter attending over the context asks for this."""
+        ``hidden_rows``): a drafter attending over the context asks for this (when it is
+        built, never during a generation). A cache that already holds positions without
+        their rows is emptied, so the next generation prefills them again with rows: a
+        drafter built after a plain generation of the same prompt would otherwise never
+        see that prompt (measured: MAT 1.06 instead of 2.19 on a Spec-Bench translation
+        turn)."""
         if self._rows is None:
             self._rows = []
+            if self._len:
+                self.trim(0)
 
     def _record_rows(self, start: int, rows: object) -> None:
         """The residual rows (t, C) of positions ``start..start+t-1`` (backends call this

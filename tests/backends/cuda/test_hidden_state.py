@@ -72,3 +72,17 @@ def test_hidden_rows_of_every_cached_position_equal_plain_forward(tmp_path, inva
     assert be.hidden_rows(5) == (5, None)
     be.reset()
     assert be.hidden_rows(0) == (0, None)
+
+
+def test_keeping_rows_empties_a_cache_that_has_none(tmp_path):
+    """A drafter that asks for rows after positions were cached without them (a plain
+    generation first): the cache is emptied, so the next prefill brings every row; once
+    rows are kept, asking again changes nothing."""
+    model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+    be = TorchBackend.from_pretrained(model_dir, device="cpu", invariant=False)
+    be.prefill(np.arange(6))
+    be.keep_hidden_rows()
+    assert be.cache_len == 0 and be.hidden_rows(0) == (0, None)
+    be.prefill(np.arange(6))
+    be.keep_hidden_rows()
+    assert be.cache_len == 6 and be.hidden_rows(0)[1].shape[0] == 6

@@ -221,3 +221,21 @@ def test_shipped_redrafter_context_vocabulary_on_specbench(torch_model):  # type
             for r in rows}
     print("(MAT, vocabulary, fixed) with / without the extension:", mats)
     assert sum(m[True][0] for m in mats.values()) > sum(m[False][0] for m in mats.values())
+
+
+def test_a_context_drafter_built_after_a_plain_generation_sees_the_prompt(  # type: ignore[no-untyped-def]
+    default_model_dir, random_context_ckpt
+):
+    """Plain decoding of a prompt first (its positions cached without hidden rows), then
+    a context drafter on the same prompt: identical output, and its entries start at
+    position 1, the prompt's included (``CacheBook.keep_hidden_rows`` empties such a
+    cache). A model of its own: the session's has kept rows since its first drafter."""
+    import draftwise
+
+    model = draftwise.load(default_model_dir, backend="torch", dtype="float32")
+    prompt = OWN_PROMPTS[1]
+    plain = tokens_of(model, prompt, "none")
+    d = model.drafter(f"redrafter:bw=3,t=4,path={random_context_ckpt}")
+    assert tokens_of(model, prompt, d) == plain
+    n_prompt = len(model.encode_prompt(prompt))
+    assert d.net._book.pos[0] == 1 and d.net._m > n_prompt
