@@ -146,6 +146,9 @@ def main() -> None:
             cats = " ".join(f"{c}={statistics.fmean(v):.2f}" for c, v in sorted(per[b].items()))
             print(f"{spec} depth_bias={b}: MAT {statistics.fmean(allv):.3f} ({len(allv)} steps)"
                   f"  {cats}", flush=True)
+        st = d.stats()  # whole trees (no budget cut): the dedup compression
+        print(f"{spec}: {st['packed']} tree nodes for {st['unpacked']} beam tokens "
+              f"({st['unpacked'] / max(1, st['packed']):.2f}x)", flush=True)
 
 
 if __name__ == "__main__":
