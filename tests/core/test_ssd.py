@@ -165,8 +165,13 @@ def test_threaded_propose_only_sees_complete_indexes():
     th = threading.Thread(target=writer, daemon=True)
     th.start()
     seen = []
-    t_end = time.monotonic() + 1.5
-    while time.monotonic() < t_end:
+    # at least 1.5 s of interleaving, and on until the index was rebuilt a few times (a
+    # slow CPU needs longer; 20 s at most): the pauses let the index thread get the GIL
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.5 or (
+        time.monotonic() - t0 < 20 and (d.indexer.builds < 3 or len(seen) <= 50)
+    ):
+        time.sleep(0.0005)
         with lock:
             hist = list(history)
         if len(hist) < 100:
