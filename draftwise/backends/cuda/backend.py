@@ -131,6 +131,8 @@ class TorchBackend(CacheBook, BatchMixin):
             kernels = Path(self._native._name).stem
             if getattr(self.model, "fused", None) is not None:
                 kernels += "+fused"
+        if getattr(self.model, "native_f32", False):
+            kernels += "+f32" if kernels else "native-f32"
         return DeviceInfo(
             kind=kind, name=name, dtype=self.dtype, mode=mode, threads=threads, kernels=kernels
         )
@@ -277,7 +279,8 @@ class TorchBackend(CacheBook, BatchMixin):
         # Row i sees the cache, then its ancestors and itself among the new slots.
         vis = host[:, 2:].astype(bool) if n1 > 1 else np.ones((1, 1), bool)  # (N+1, N+1)
         rows = [(start + np.flatnonzero(vis[i])).tolist() for i in range(n1)]
-        pad = min_rows(self.dtype)
+        # the compiled float32 matmul is row-invariant at any row count (f32.py)
+        pad = 1 if getattr(self.model, "native_f32", False) else min_rows(self.dtype)
         parts, xs = [], []
         with torch.inference_mode():
             for c0 in range(0, n1, MAX_ROWS):

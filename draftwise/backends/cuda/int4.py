@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from draftwise.backends.cuda import native
+from draftwise.backends.cuda.f32 import F32Weight
 from draftwise.backends.gguf_q4 import GROUP, Q4
 from draftwise.errors import DraftwiseError
 
@@ -177,12 +178,12 @@ class Int4Weight:
         return y if y.shape[1] == self.out_features else y[:, : self.out_features]  # (T, N)
 
 
-Weight = torch.Tensor | Int4Weight
+Weight = torch.Tensor | Int4Weight | F32Weight
 
 
 def linear(x: torch.Tensor, w: Weight, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for a dense or a 4-bit weight. (T, K) -> (T, N)."""
-    if isinstance(w, Int4Weight):
+    """``F.linear`` for a dense, a 4-bit or a packed float32 weight. (T, K) -> (T, N)."""
+    if isinstance(w, (Int4Weight, F32Weight)):
         y = w(x)
         return y if b is None else y + b
     return F.linear(x, w, b)

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from draftwise.backends.cuda.fused import FusedForward
+from draftwise.backends.cuda import f32
+from draftwise.backends.cuda.f32 import F32Weight
 from draftwise.backends.cuda.int4 import Int4Weight, Weight, fuse_q4, linear, quantize_rtn
 from draftwise.backends.cuda.invariant import Plan, plan_attention
 from draftwise.backends.gguf_q4 import HEAD, Q4, FourBit, dequantize
@@ -108,7 +110,8 @@ class LlamaConfig:
 @dataclass
 class Layer:
     """One decoder block's weights, with q/k/v and gate/up fused so each is one matmul.
-    A linear weight is dense or 4-bit (``int4.Int4Weight``, the ``4bit`` mode)."""
+    A linear weight is dense, 4-bit (``int4.Int4Weight``, the ``4bit`` mode) or float32
+    packed for the compiled AVX2 kernel (``f32.F32Weight``)."""
 
     attn_norm: torch.Tensor  # (C,)
     wqkv: Weight  # ((H + 2 H_kv) D, C)
@@ -240,8 +243,14 @@ class Llama:
         def fuse(*names: str) -> torch.Tensor:
             return torch.cat([take(n) for n in names], dim=0).contiguous()
 
+        native_f32 = q4 is None and f32.available(dtype, device)
+        # every linear row-invariant by construction (f32.c): no padding rows needed
+        self.native_f32 = native_f32
+
         def lin(*names: str) -> Weight:
             """A linear weight (several fused along the output rows)."""
+            if native_f32:
+                return F32Weight.from_dense(fuse(*names))  # float32, AVX2 CPU: f32.py
             if q4 is None or (not q4.round_missing and any(n not in q4.codes for n in names)):
                 return fuse(*names)  # dense (a Q6_K tensor of a Q4_K_M file, say)
             parts = []
@@ -260,7 +269,7 @@ class Llama:
         with torch.inference_mode():
             # 4bit: the head's own codes when the GGUF has them (a Q8_0 head split into two
             # 4-bit halves, exact); checked against the dense head before it is converted
-            self.head_q: Int4Weight | None = None
+            self.head_q: Int4Weight | F32Weight | None = None
             if q4 is not None and HEAD in q4.codes:
                 untied = HEAD in weights and not cfg.tie_embeddings
                 dense_head = weights[HEAD if untied else "model.embed_tokens.weight"]
@@ -293,6 +302,8 @@ class Llama:
             else:
                 # Tied embeddings (or a checkpoint that stores only the embedding).
                 self.lm_head = self.embed
+            if native_f32:  # a packed copy for the head; lm_head stays for lookups and cuts
+                self.head_q = F32Weight.from_dense(self.lm_head)
             # Anything left (an o_proj or MLP bias, extra norms...) means a block this
             # forward does not compute: refuse rather than silently produce wrong logits.
             ignored = ("lm_head.weight",)
@@ -408,7 +419,8 @@ class Llama:
 
     def logits(self, xn: torch.Tensor) -> torch.Tensor:
         """The head over final-normed rows ``xn`` (T, C) -> (T, V): its 4-bit codes in the
-        4bit mode when the GGUF has them, else the dense ``lm_head``."""
+        4bit mode when the GGUF has them, its packed float32 copy where the AVX2 kernel
+        runs, else the dense ``lm_head``."""
         if self.head_q is not None:
             return self.head_q(xn)
         return F.linear(xn, self.lm_head)
