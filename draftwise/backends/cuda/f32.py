@@ -72,7 +72,9 @@ class F32Weight:
                 "or DRAFTWISE_NATIVE=0)"
             )
         if w.dim() != 2 or w.device.type != "cpu":
-            raise DraftwiseError(f"a float32 weight must be a 2-D CPU tensor, got {tuple(w.shape)} on {w.device}")
+            raise DraftwiseError(
+                f"a float32 weight must be a 2-D CPU tensor, got {tuple(w.shape)} on {w.device}"
+            )
         return cls(pack(w), int(w.shape[0]), int(w.shape[1]), lib)
 
     @property

@@ -94,7 +94,9 @@ def test_the_choice_follows_the_cpu_and_the_override(kernel, monkeypatch):
         native.f32_lib()
 
 
-def test_the_default_model_in_float32_verifies_rows_as_plain_steps(kernel, default_model_dir, monkeypatch):
+def test_the_default_model_in_float32_verifies_rows_as_plain_steps(
+    kernel, default_model_dir, monkeypatch
+):
     """With the kernel forced on: every weight and the head are packed, and in the
     batch-invariant float32 mode (no padding rows now) a verified chain's rows give the
     same logits, bit for bit, as one-row steps along it."""
