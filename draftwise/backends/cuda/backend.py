@@ -131,8 +131,13 @@ class TorchBackend(CacheBook, BatchMixin):
             kernels = Path(self._native._name).stem
             if getattr(self.model, "fused", None) is not None:
                 kernels += "+fused"
+        if getattr(self.model, "native_f32", False) and not kernels:
+            from draftwise.backends.cuda.native import f32_lib
+
+            lib = f32_lib()  # the build (its file names its source hash), as above
+            kernels = Path(lib._name).stem if lib is not None else "native"
         if getattr(self.model, "native_f32", False):
-            kernels += "+f32" if kernels else "native-f32"
+            kernels += "+f32"
         return DeviceInfo(
             kind=kind, name=name, dtype=self.dtype, mode=mode, threads=threads, kernels=kernels
         )
