@@ -69,15 +69,15 @@ def build_draft_lm(
 
     if not isinstance(be, TorchBackend):
         raise DraftwiseError(f"backend {be.name!r} cannot run a draft model")
-    from draftwise.backends.cuda.draft import TorchDraftLM, early_exit, load_draft_model
+    from draftwise.backends.cuda.draft import TorchDraftLM, cut_head, early_exit, load_draft_model
 
     if draft_dir is None:
         llama = early_exit(be.model, layers, limit, head)
     else:
         llama = load_draft_model(draft_dir, be.dtype, be.device, limit)
         if head:
+            llama.head_q = cut_head(llama, head)  # the cut head drafts
             llama.lm_head = llama.lm_head[:head]
-            llama.head_q = None  # the cut dense head drafts
     return TorchDraftLM(llama, be.vocab_size)
 
 

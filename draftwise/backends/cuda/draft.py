@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from draftwise.backends.cuda.backend import TorchBackend, weights_mode
+from draftwise.backends.cuda.f32 import F32Weight
 from draftwise.backends.cuda.llama import Llama, read_llama_config, read_weights, rope_tables
 from draftwise.core.draft_lm import ScratchSlots
 from draftwise.errors import DraftwiseError
@@ -47,7 +48,7 @@ def early_exit(model: Llama, n_layers: int, max_cache_len: int, head: int = 0) -
         if not 1 <= head <= model.lm_head.shape[0]:
             raise DraftwiseError(f"draft head must be in 1..{model.lm_head.shape[0]}, got {head}")
         out.lm_head = model.lm_head[:head]  # (head, C) view: no copy
-        out.head_q = None  # a cut head drafts with the dense rows (drafts, not output)
+        out.head_q = cut_head(model, head)
     out.max_cache_len = max_cache_len
     if max_cache_len > model.max_cache_len:
         out.cos, out.sin = rope_tables(cfg, max_cache_len, model.dtype, model.device)
@@ -57,6 +58,13 @@ def early_exit(model: Llama, n_layers: int, max_cache_len: int, head: int = 0) -
         device=model.device,
     )  # (L, 2, H_kv, T_max, D)
     return out
+
+
+def cut_head(model: Llama, head: int) -> F32Weight | None:
+    """The packed head a draft cut to ``head`` rows computes with: the float32 kernel's
+    first tiles (no copy) where the model has one (``f32.py``), else None (the dense rows;
+    a 4-bit head is not cut: drafts, not output)."""
+    return model.head_q.rows(head) if isinstance(model.head_q, F32Weight) else None
 
 
 def load_draft_model(model_dir: str | Path, dtype: str, device: torch.device,

@@ -81,6 +81,14 @@ class F32Weight:
     def shape(self) -> tuple[int, int]:
         return (self.out_features, self.in_features)
 
+    def rows(self, n: int) -> F32Weight:
+        """The first ``n`` output rows (a cut head), sharing this weight's tiles (no copy).
+
+        Example: ``F32Weight.from_dense(w).rows(20)(x)`` equals ``x @ w[:20].T``."""
+        if not 1 <= n <= self.out_features:
+            raise DraftwiseError(f"rows must be in 1..{self.out_features}, got {n}")
+        return F32Weight(self.packed[: -(-n // TILE)], n, self.in_features, self.lib)
+
     def data_ptr(self) -> int:
         """The packed storage's address (shared weights share it, as a tensor's would)."""
         return self.packed.data_ptr()

@@ -66,6 +66,34 @@ def test_padding_and_leading_dims(kernel):
     assert w(torch.zeros(0, 64)).shape == (0, 37)
 
 
+def test_rows_cut_the_head_without_a_copy(kernel):
+    g = torch.Generator().manual_seed(3)
+    w_dense = torch.randn(70, 32, generator=g)
+    w = F32Weight.from_dense(w_dense)
+    x = torch.randn(3, 32, generator=g)
+    for n in (1, 16, 20, 70):
+        cut = w.rows(n)
+        assert cut.shape == (n, 32) and cut.data_ptr() == w.data_ptr()
+        assert torch.equal(cut(x), w(x)[:, :n])
+    for n in (0, 71):
+        with pytest.raises(DraftwiseError, match=f"got {n}"):
+            w.rows(n)
+
+
+def test_a_cut_draft_head_keeps_the_kernel(kernel, default_model_dir, monkeypatch):
+    monkeypatch.setenv("DRAFTWISE_F32_KERNEL", "1")
+    from draftwise.backends.cuda.backend import TorchBackend
+    from draftwise.backends.cuda.draft import early_exit
+
+    be = TorchBackend.from_pretrained(
+        str(default_model_dir), dtype="float32", device="cpu", max_cache_len=32
+    )
+    draft = early_exit(be.model, 4, 32, head=1000)
+    assert isinstance(draft.head_q, F32Weight) and draft.head_q.shape == (1000, 576)
+    x = torch.randn(2, 576)
+    assert torch.equal(draft.logits(x), be.model.logits(x)[:, :1000])
+
+
 def test_bad_input_is_refused(kernel):
     w = F32Weight.from_dense(torch.randn(16, 8))
     with pytest.raises(ValueError, match="float32"):
