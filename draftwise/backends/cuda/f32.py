@@ -9,7 +9,8 @@ float32 matmul of a few rows runs far below the hardware: measured on an AMD EPY
 So the float32 mode verifies a tree of 4 to 8 rows for little more than one row.
 
 The kernel computes each output element as one chain of fused multiply-adds in input order,
-whatever the rows: row-invariant, so plain decoding and each verified row agree bit for bit.
+whatever the rows: row-invariant, so a row's matmul outputs are the same alone or in a
+tree (the batch-invariant mode then needs no padding rows; its attention is invariant too).
 Its sums differ from torch's in the last bits (another order), so the choice is made once
 per process (``native.f32_lib()``: by default where the CPU has no AVX-512, else torch's
 matmul is kept; ``DRAFTWISE_F32_KERNEL=0`` / ``1`` override) and every float32 weight of
