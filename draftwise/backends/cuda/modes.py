@@ -10,7 +10,7 @@ ms per verify at context 256, ``draftwise tune --modes``, ``bench/results/modes-
 1 row float32 34.3, bfloat16-invariant 22.4, 4bit-invariant 12.5; 16 rows 70.7 / 42.1 /
 36.8. So a CPU with bf16 dot-product instructions (``avx512_bf16``, ``amx_bf16``) defaults
 to 4bit for a Q4 GGUF's model and to bfloat16 (invariant) for any other; other CPUs, and
-CUDA, to float32 (on an AVX2 CPU without AVX-512 its matmuls are the compiled, row-invariant
+CUDA, to float32 (on a CPU with AVX2 and FMA its matmuls are the compiled, row-invariant
 ``csrc/f32.c``: ``f32.py``). 4bit is never a default for a model that is not a Q4 GGUF's: there it
 would round the weights, a different model. ``draftwise tune --modes`` measures the
 candidates on the machine at hand and records the fastest, which then wins over this rule

@@ -1,5 +1,5 @@
-"""Compiled CPU kernels: the batch-invariant attention, the 4bit mode's matmul and, on AVX2
-CPUs without AVX-512, the float32 mode's matmul.
+"""Compiled CPU kernels: the batch-invariant attention, the 4bit mode's matmul and, on CPUs
+with AVX2 and FMA, the float32 mode's matmul.
 
 ``csrc/attention.c`` computes each (row, head) start to end in one thread, over the row's
 logical key list (the committed cache, then its tree ancestors and itself) in a fixed
@@ -13,9 +13,9 @@ products, each output element start to end in one thread: row-invariant too (see
 (``int4_lib()`` is None) and the 4bit mode keeps torch's kernel.
 
 ``csrc/f32.c`` multiplies float32 activations by a packed float32 weight with AVX2 FMAs,
-each output element one lane's chain in input order: row-invariant, and on an AVX2-only
-CPU (AMD EPYC Zen 1 measured) 2.5-6x faster than torch's matmul at 1 to 16 rows (see
-``f32.py``); it is taken by default only on CPUs without AVX-512 (``f32_lib()``).
+each output element one lane's chain in input order: row-invariant, and 2.5-6x faster than
+torch's matmul at 1 to 16 rows on the AMD EPYCs measured (Zen 1, AVX2 only; Zen 4, AVX-512;
+see ``f32.py``); the float32 mode takes it wherever it exists (``f32_lib()``).
 
 All are compiled into one library, once per machine, with the system C compiler (``cc``,
 ``-O3 -march=native -fopenmp``, about 3 s on this project's CPU) into ``cache_dir()/kernels/`` (temp file,
@@ -170,16 +170,14 @@ def f32_kernel() -> ctypes.CDLL | None:
 
 
 def f32_lib() -> ctypes.CDLL | None:
-    """``f32_kernel()`` where the float32 mode takes it: by default on CPUs without AVX-512
-    (measured faster than torch there; on an AVX-512 CPU torch's matmul is kept, not
-    measured against it); ``DRAFTWISE_F32_KERNEL=1`` takes it wherever it exists, ``0``
-    never."""
+    """``f32_kernel()`` where the float32 mode takes it: by default wherever it exists
+    (measured faster than torch's matmul at 1 to 32 rows on an AVX2-only Zen 1 and an
+    AVX-512 Zen 4, see ``f32.py``); ``DRAFTWISE_F32_KERNEL=0`` keeps torch's matmul,
+    ``1`` (or ``auto``, the default) takes the kernel."""
     choice = os.environ.get("DRAFTWISE_F32_KERNEL", "auto")
     if choice not in ("auto", "0", "1"):
         raise DraftwiseError(f"DRAFTWISE_F32_KERNEL must be auto, 0 or 1, got {choice!r}")
-    if choice == "0" or (choice == "auto" and any(f.startswith("avx512") for f in cpu_flags())):
-        return None
-    return f32_kernel()
+    return None if choice == "0" else f32_kernel()
 
 
 def native_f32_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

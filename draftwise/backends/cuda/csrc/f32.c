@@ -1,6 +1,6 @@
 /* float32 matmul for the torch backend's float32 mode on CPUs with AVX2 and FMA
  * (draftwise/backends/cuda/f32.py packs the weights, native.py builds and loads this and
- * takes it by default only on CPUs without AVX-512).
+ * takes it by default wherever it builds).
  *
  * y[r, n] = sum_k x[r, k] * w[n, k], accumulated k = 0, 1, ..., K-1 in order with one fused
  * multiply-add per term, starting from 0, in one vector lane.
