@@ -13,9 +13,10 @@ products, each output element start to end in one thread: row-invariant too (see
 (``int4_lib()`` is None) and the 4bit mode keeps torch's kernel.
 
 ``csrc/f32.c`` multiplies float32 activations by a packed float32 weight with AVX2 FMAs,
-each output element one lane's chain in input order: row-invariant, and 2.5-6x faster than
-torch's matmul at 1 to 16 rows on the AMD EPYCs measured (Zen 1, AVX2 only; Zen 4, AVX-512;
-see ``f32.py``); the float32 mode takes it wherever it exists (``f32_lib()``).
+each output element one lane's chain in input order: row-invariant; 2.5-6x faster than
+torch's matmul at 1 to 16 rows on an AMD EPYC Zen 1 (AVX2 only), and a whole float32 verify
+2.5-3.5x faster at 1 to 16 rows on a Zen 4 (AVX-512; see ``f32.py``); the float32 mode takes
+it wherever it exists (``f32_lib()``).
 
 All are compiled into one library, once per machine, with the system C compiler (``cc``,
 ``-O3 -march=native -fopenmp``, about 3 s on this project's CPU) into ``cache_dir()/kernels/`` (temp file,
