@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import pstats
 import statistics
 import sys
@@ -62,7 +61,7 @@ class TimedDrafter:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("bench", type=Path, help="a bench output folder (its results.json)")
+    p.add_argument("bench", type=Path, help="a bench output folder (its records)")
     p.add_argument("--prompts", type=Path, required=True)
     p.add_argument("--drafter", default="auto")
     p.add_argument("--budget", type=int, default=16)
@@ -77,10 +76,11 @@ def main() -> None:
     import draftwise
     from draftwise.api import Model
     from draftwise.apps.bench.prompts import read_prompts
+    from draftwise.apps.bench.records import read_results
     from draftwise.apps.bench.runner import Chat
     from draftwise.drafting import build_drafter
 
-    data = json.loads((args.bench / "results.json").read_text())
+    data = read_results(args.bench)
     # first turns only: a later turn's history holds the answers of the earlier ones
     recs = [r for r in data["records"] if r["method"] == "none" and r["pass_no"] == 1 and r["turn"] == 1]
     recs = sorted(recs, key=lambda r: (r["prompt_id"], r["turn"]))

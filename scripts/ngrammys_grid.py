@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from draftwise.apps.bench.records import read_results, results_path
+
 PROMPTS = Path("/work/shared/bench/prompts")
 FILES = ("mtbench", "humaneval", "gsm8k")
 
@@ -44,7 +46,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--verify", default="auto", choices=("auto", "tree", "batch"))
     p.add_argument("--reuse", action="store_true",
-                   help="skip a prompt file whose results.json is already in --out (to run files in "
+                   help="skip a prompt file whose bench records are already in --out (to run files in "
                    "separate processes, then combine them into one plot)")
     p.add_argument("--extra", default="", help="more flags for draftwise bench, e.g. '--backend torch'")
     return p
@@ -71,10 +73,14 @@ def spec(k: int, w: int, verify: str) -> str:
 
 
 def run_bench(args: argparse.Namespace, name: str, ks: list[int], ws: list[int]) -> Path:
+    """Run the bench for one prompt file; return its output folder."""
     out = args.out / name
-    if args.reuse and (out / "results.json").exists():
-        print(f"reusing {out / 'results.json'}", file=sys.stderr)
-        return out / "results.json"
+    if args.reuse:
+        try:
+            print(f"reusing {results_path(out)}", file=sys.stderr)
+            return out
+        except FileNotFoundError:
+            pass
     drafters = ",".join(spec(k, w, args.verify) for k in ks for w in ws)
     # budget k * w: the tree path keeps every draft (the batch path ignores the budget)
     cmd = [sys.executable, "-m", "draftwise", "bench", "--prompts", str(args.prompts / f"{name}.jsonl"),
@@ -85,12 +91,13 @@ def run_bench(args: argparse.Namespace, name: str, ks: list[int], ws: list[int])
         cmd += ["--limit", str(limit)]
     print(" ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True)
-    return out / "results.json"
+    return out
 
 
 def grid(results: Path, ks: list[int], ws: list[int], verify: str) -> dict[str, list[list[float]]]:
-    """{"speedup": (k, w) grid, "tokens per call": (k, w) grid} from the overall rows."""
-    rows = [r for r in json.loads(results.read_text())["summary"] if r["category"] == "overall"]
+    """{"speedup": (k, w) grid, "tokens per call": (k, w) grid} from the overall rows of
+    the bench folder ``results``."""
+    rows = [r for r in read_results(results)["summary"] if r["category"] == "overall"]
     by = {r["method"]: r for r in rows}
     out: dict[str, list[list[float]]] = {"speedup": [], "tokens per call": []}
     for k in ks:

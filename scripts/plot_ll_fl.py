@@ -1,4 +1,4 @@
-"""Plot a Cacheback LL x FL sweep (seed 000, Figure 4) from a `draftwise bench` results.json.
+"""Plot a Cacheback LL x FL sweep (seed 000, Figure 4) from a `draftwise bench` folder.
 
     python scripts/plot_ll_fl.py bench/results/cacheback-ll-fl
 
@@ -8,7 +8,6 @@ shows overall speedup over `none` and MAT, both from that one bench run.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -19,10 +18,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from draftwise.apps.bench.records import read_results  # noqa: E402
+
 
 def main(folder: str) -> None:
     out = Path(folder)
-    data = json.loads((out / "results.json").read_text())
+    data = read_results(out)
     rows = [s for s in data["summary"] if s["category"] == "overall" and s["pass_no"] == 1]
     grid: dict[tuple[int, int], dict] = {}
     for s in rows:

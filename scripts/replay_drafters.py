@@ -19,7 +19,6 @@ Example (the auto-vs-grid bench, replayed for two drafters)::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections import defaultdict
@@ -80,7 +79,7 @@ class OracleBackend:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("bench", type=Path, help="a bench output folder (its results.json)")
+    p.add_argument("bench", type=Path, help="a bench output folder (its records)")
     p.add_argument("--prompts", type=Path, required=True)
     p.add_argument("--drafters", required=True, help="comma-separated specs, as for the bench")
     p.add_argument("--budget", type=int, default=16)
@@ -92,10 +91,11 @@ def main() -> None:
     from draftwise.api import Model
     from draftwise.apps.bench.cli import _names
     from draftwise.apps.bench.prompts import read_prompts
+    from draftwise.apps.bench.records import read_results
     from draftwise.apps.bench.runner import Chat
     from draftwise.drafting import build_drafter
 
-    data = json.loads((args.bench / "results.json").read_text())
+    data = read_results(args.bench)
     recs = [r for r in data["records"] if r["method"] == "none" and r["pass_no"] == 1]
     real = draftwise.load(data["config"].get("model_dir"), backend="torch", dtype="float32")
     cost = real.assets.cost_profile(quiet=True)

@@ -21,7 +21,6 @@ Example (the held-out corpus set, first turns, two settings)::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -75,10 +74,11 @@ def main() -> None:
     import draftwise
     from draftwise.apps.bench.cli import _names
     from draftwise.apps.bench.prompts import read_prompts
+    from draftwise.apps.bench.records import read_results
     from draftwise.apps.bench.runner import Chat
     from draftwise.core.drafters.context_vocab import extra_bias
 
-    data = json.loads((args.bench / "results.json").read_text())
+    data = read_results(args.bench)
     recs = [r for r in data["records"] if r["method"] == "none" and r["pass_no"] == 1]
     model = draftwise.load(data["config"].get("model_dir"), backend="torch", dtype="float32",
                            invariant=False)

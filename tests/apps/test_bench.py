@@ -243,6 +243,28 @@ def test_report_and_plots(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temp files
 
 
+def test_records_are_gzipped_and_read_back_old_folders_too(tmp_path: Path) -> None:
+    import gzip
+
+    from draftwise.apps.bench.records import read_results, results_path
+    from draftwise.apps.bench.report import write_json_gz
+
+    data = {"complete": True, "summary": [], "records": [{"method": "none", "text": "é"}]}
+    new, old = tmp_path / "new", tmp_path / "old"
+    new.mkdir()
+    old.mkdir()
+    write_json_gz(new / "results.json.gz", data)
+    assert json.loads(gzip.decompress((new / "results.json.gz").read_bytes())) == data
+    assert read_results(new) == data and not list(new.glob(".*.tmp"))
+    before = (new / "results.json.gz").read_bytes()
+    write_json_gz(new / "results.json.gz", data)  # no timestamp: the same data, the same bytes
+    assert (new / "results.json.gz").read_bytes() == before
+    (old / "results.json").write_text(json.dumps(data, indent=1))  # a folder from before gzip
+    assert read_results(old) == data and results_path(old) == old / "results.json"
+    with pytest.raises(FileNotFoundError, match="no results.json.gz or results.json"):
+        read_results(tmp_path)
+
+
 @pytest.mark.parametrize(
     "extra, needle",
     [

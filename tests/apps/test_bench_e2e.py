@@ -23,9 +23,13 @@ PROMPTS = [
 def test_bench_writes_four_files(default_model_dir: Path, tmp_path: Path) -> None:
     from matplotlib.image import imread
 
+    from draftwise.apps.bench.records import read_results
+
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps(r) for r in PROMPTS) + "\n")
     out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text("{}")  # an older run's plain records: replaced
     r = subprocess.run(
         [
             sys.executable,
@@ -57,12 +61,13 @@ def test_bench_writes_four_files(default_model_dir: Path, tmp_path: Path) -> Non
         timeout=1200,
     )
     assert r.returncode == 0, r.stderr
-    for name in ("results.json", "results.md", "speedup.png", "accept_hist.png"):
+    for name in ("results.json.gz", "results.md", "speedup.png", "accept_hist.png"):
         assert (out / name).is_file(), name
+    assert not (out / "results.json").exists()
     for name in ("speedup.png", "accept_hist.png"):
         img = imread(out / name)
         assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
-    res = json.loads((out / "results.json").read_text())
+    res = read_results(out)
     assert res["complete"] is True
     recs = res["records"]
     methods = sorted(x["method"] for x in recs if x["method"] != "llama.cpp")

@@ -1,7 +1,8 @@
 """``draftwise bench``: measure drafters against plain decoding (and other libraries).
 
 Runs the baseline ``none``, each drafter and each peer on the same prompts in one process,
-interleaved prompt by prompt, and writes results.json, results.md, speedup.png and
+interleaved prompt by prompt, and writes results.json.gz (every record, gzipped JSON:
+``records.read_results`` reads it), results.md, speedup.png and
 accept_hist.png to ``--out``. Multi-turn items are asked turn by turn with the chat
 template, each method's own previous answer in the history (as Spec-Bench does).
 
@@ -23,8 +24,8 @@ from draftwise.apps.bench.metrics import OVERALL, SummaryRow, mark_identical, su
 from draftwise.apps.bench.peers import PEER_NAMES, check_peer_names, make_peers
 from draftwise.apps.bench.prompts import BenchItem, read_prompts, select_items
 from draftwise.apps.bench.llamacpp import find_gguf
-from draftwise.apps.bench.records import REFERENCE, TurnRecord
-from draftwise.apps.bench.report import device_info, render_markdown, write_json, write_text
+from draftwise.apps.bench.records import LEGACY_RESULTS_FILE, REFERENCE, RESULTS_FILE, TurnRecord
+from draftwise.apps.bench.report import device_info, render_markdown, write_json_gz, write_text
 from draftwise.apps.bench.runner import (
     BASELINE_NAME,
     BenchConfig,
@@ -252,7 +253,7 @@ def main(args: argparse.Namespace) -> int:
 def _write(
     out: Path, state: dict[str, Any], records: list[TurnRecord], chat: Chat, complete: bool
 ) -> list[SummaryRow]:
-    """Mark identical outputs, summarize, and write results.json and results.md."""
+    """Mark identical outputs, summarize, and write results.json.gz and results.md."""
     mark_identical(records, lambda ids: chat.tokenizer.decode(ids, skip_special_tokens=True))
     rows = summarize(records)
     results = {
@@ -261,7 +262,9 @@ def _write(
         "summary": [r.to_json() for r in rows],
         "records": [r.to_json() for r in records],
     }
-    write_json(out / "results.json", results)
+    write_json_gz(out / RESULTS_FILE, results)
+    # a plain results.json left here by an older run would contradict these records
+    (out / LEGACY_RESULTS_FILE).unlink(missing_ok=True)
     write_text(out / "results.md", render_markdown(results))
     return rows
 

@@ -3,6 +3,9 @@
 A *method* is the baseline ``none``, a drafter name, or a peer (``hf``, ``hf-pld``,
 ``mlx-lm``). Each conversation turn of each method gives one ``TurnRecord``.
 
+A bench folder keeps every record in ``results.json.gz`` (gzip of the JSON; folders
+written before it have ``results.json``): ``read_results(folder)`` reads either.
+
 Example::
 
     >>> r = TurnResult(token_ids=[5, 6, 2], wall_s=0.5, prefill_s=0.1, accept_lengths=[2, 1])
@@ -12,8 +15,53 @@ Example::
 
 from __future__ import annotations
 
+import gzip
+import json
+import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+#: The records a bench run writes (gzip of the JSON), and the plain JSON of older runs.
+RESULTS_FILE = "results.json.gz"
+LEGACY_RESULTS_FILE = "results.json"
+
+
+def results_path(folder: str | os.PathLike[str]) -> Path:
+    """The records file of a bench folder: ``results.json.gz``, else an older
+    ``results.json``; a path to either file is returned as is.
+
+    Raises ``FileNotFoundError`` naming the folder when it holds neither.
+    """
+    path = Path(folder).expanduser()
+    if path.is_file():
+        return path
+    for name in (RESULTS_FILE, LEGACY_RESULTS_FILE):
+        if (path / name).is_file():
+            return path / name
+    raise FileNotFoundError(
+        f"{path}: no {RESULTS_FILE} or {LEGACY_RESULTS_FILE} (not a bench output folder?)"
+    )
+
+
+def read_results(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """Everything a ``draftwise bench`` run recorded (config, summary, records), from its
+    folder's ``results.json.gz`` or, for folders written before it, ``results.json``.
+
+    Example::
+
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "results.json.gz").write_bytes(gzip.compress(b'{"complete": true}'))
+        >>> read_results(d)
+        {'complete': True}
+    """
+    path = results_path(folder)
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":  # gzip magic: whatever the file is named
+        raw = gzip.decompress(raw)
+    data: dict[str, Any] = json.loads(raw.decode("utf-8"))
+    return data
 
 #: Kinds of method: the plain-decoding baseline, one of our drafters, or another library.
 BASELINE, DRAFTER, PEER = "baseline", "drafter", "peer"

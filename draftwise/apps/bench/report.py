@@ -1,4 +1,5 @@
-"""Write the bench results: ``results.json`` (everything) and ``results.md`` (the tables).
+"""Write the bench results: ``results.json.gz`` (everything, gzipped JSON; read it back
+with ``records.read_results``) and ``results.md`` (the tables).
 
 Files are written atomically (a temporary file in the same folder, then ``os.replace``),
 so a reader never sees half a file and an interrupted run leaves the last checkpoint.
@@ -12,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import platform
@@ -49,8 +51,15 @@ def write_text(path: Path, text: str) -> None:
     atomic_write(path, write)
 
 
-def write_json(path: Path, data: Any) -> None:
-    write_text(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+def write_json_gz(path: Path, data: Any) -> None:
+    """``data`` as compact JSON, gzipped (no timestamp in the header, so the same data
+    gives the same bytes), written atomically."""
+    raw = (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+    def write(tmp: Path) -> None:
+        tmp.write_bytes(gzip.compress(raw, compresslevel=9, mtime=0))
+
+    atomic_write(path, write)
 
 
 def _version(dist: str) -> str | None:
