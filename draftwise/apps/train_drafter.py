@@ -18,9 +18,9 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from draftwise.drafting.redrafter import TrainRecipe, train_redrafter
 from draftwise.errors import DraftwiseError
 from draftwise.models.resolve import resolve_model
+from draftwise.training.recipe import TrainRecipe, train_redrafter
 
 
 def setup_arg_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

@@ -3,7 +3,7 @@
 A GGUF converted into the cache holds float32 weights; its Q4_0 / Q4_1 tensors were
 ``scale * (code - 8) + zero`` per block of 32 inputs before that (Q4_1: ``d * q + m``,
 so ``scale = d``, ``zero = m + 8 d``; Q4_0: ``d * (q - 8)``, ``zero = 0``). The torch
-backend's ``4bit`` mode computes with these codes directly (``backends/cuda/int4.py``),
+backend's ``4bit`` mode computes with these codes directly (``backends/cuda/cpu/int4.py``),
 so a 4-bit GGUF model runs on the weights it was published with, in a quarter of the
 bytes. Rows of ``attn_q`` / ``attn_k`` are put back in Hugging Face order (llama.cpp's
 converter interleaves the RoPE halves; transformers undoes it the same way).

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from draftwise.core.autotune import AcceptanceModel
+from draftwise.core.acceptance_model import AcceptanceModel
 from draftwise.core.costmodel import CostModel
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError

@@ -121,7 +121,7 @@ def build_draft(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
 def build_card(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     """``card``: the draft model in a worker thread with a compute stream of its own, so
     its forwards overlap the target's instead of queueing behind them: torch with
-    ``threads`` CPU threads there (on CUDA its own stream, ``backends/cuda/streams.py``),
+    ``threads`` CPU threads there (on CUDA its own stream, ``backends/cuda/gpu/streams.py``),
     MLX on a new CPU stream made in that thread (the target keeps its own stream).
     ``card.layout`` says which, in words, for the bench record."""
     threads = opts.pop("threads", 1)
@@ -155,7 +155,7 @@ def torch_worker(threads: int, device: Any = None) -> tuple[Callable[[], None], 
     ``'draft worker: own thread, torch 1 thread(s), cpu (no stream)'``."""
     import torch
 
-    from draftwise.backends.cuda.streams import WorkerStream
+    from draftwise.backends.cuda.gpu.streams import WorkerStream
 
     # Made here, in the target's thread: on CUDA it records the target's stream.
     ws = WorkerStream(device if device is not None else torch.device("cpu"))

@@ -66,7 +66,7 @@ def test_a_fused_weight_without_all_its_codes_stays_dense(tmp_path):
     """A GGUF whose v projection is Q6_K (no codes): q/k/v stay one dense bf16 weight; the
     MLP with codes for gate and up is 4-bit; without a GGUF every linear is rounded."""
     torch = pytest.importorskip("torch")
-    from draftwise.backends.cuda.int4 import Int4Weight, int4_available, quantize_rtn
+    from draftwise.backends.cuda.cpu.int4 import Int4Weight, int4_available, quantize_rtn
     from draftwise.backends.cuda.llama import Llama, read_llama_config, read_weights
     from draftwise.backends.gguf_q4 import FourBit
     from tests.backends.cuda.test_torch_backend import _save_tiny

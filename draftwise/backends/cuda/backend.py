@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from draftwise.backends.cuda.batch import BatchMixin
-from draftwise.backends.cuda.device_sampling import HostStaging, sample_rows
-from draftwise.backends.cuda.int4 import int4_available
+from draftwise.backends.cuda.cpu.int4 import int4_available
+from draftwise.backends.cuda.gpu.sampling import HostStaging, sample_rows
 from draftwise.backends.cuda.invariant import MAX_ROWS, make_plan, min_rows
 from draftwise.backends.cuda.llama import Llama, causal_mask, read_llama_config, read_weights
 from draftwise.backends.gguf_q4 import FourBit, gguf_source, read_q4_linears
@@ -114,7 +114,7 @@ class TorchBackend(CacheBook, BatchMixin):
         # once, so plain and tree steps always share one arithmetic.
         self._native = None
         if invariant and self.device.type == "cpu" and model.cache_dtype == torch.float32:
-            from draftwise.backends.cuda.native import attention_lib
+            from draftwise.backends.cuda.cpu.native import attention_lib
 
             self._native = attention_lib()
 
@@ -132,7 +132,7 @@ class TorchBackend(CacheBook, BatchMixin):
             if getattr(self.model, "fused", None) is not None:
                 kernels += "+fused"
         if getattr(self.model, "native_f32", False) and not kernels:
-            from draftwise.backends.cuda.native import f32_lib
+            from draftwise.backends.cuda.cpu.native import f32_lib
 
             lib = f32_lib()  # the build (its file names its source hash), as above
             kernels = Path(lib._name).stem if lib is not None else "native"

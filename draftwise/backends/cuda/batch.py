@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from draftwise.backends.cuda.int4 import linear
+from draftwise.backends.cuda.cpu.int4 import linear
 from draftwise.backends.cuda.llama import Llama, rms_norm
 from draftwise.core.batch import check_drafts
 from draftwise.errors import DraftwiseError

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from draftwise.backends.cuda.backend import TorchBackend, weights_mode
-from draftwise.backends.cuda.f32 import F32Weight
+from draftwise.backends.cuda.cpu.f32 import F32Weight
 from draftwise.backends.cuda.llama import Llama, read_llama_config, read_weights, rope_tables
 from draftwise.core.draft_lm import ScratchSlots
 from draftwise.errors import DraftwiseError

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from draftwise.backends.cuda.native import native_attention
+from draftwise.backends.cuda.cpu.native import native_attention
 from draftwise.core.keyplan import BLOCK, key_blocks
 
 MAX_ROWS = 32  # rows per forward: the bf16 lm_head GEMM is row-invariant only up to 32

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from draftwise.backends.cuda.fused import FusedForward
-from draftwise.backends.cuda import f32
-from draftwise.backends.cuda.f32 import F32Weight
-from draftwise.backends.cuda.int4 import Int4Weight, Weight, fuse_q4, linear, quantize_rtn
+from draftwise.backends.cuda.cpu import f32
+from draftwise.backends.cuda.cpu.f32 import F32Weight
+from draftwise.backends.cuda.cpu.fused import FusedForward
+from draftwise.backends.cuda.cpu.int4 import Int4Weight, Weight, fuse_q4, linear, quantize_rtn
 from draftwise.backends.cuda.invariant import Plan, plan_attention
 from draftwise.backends.gguf_q4 import HEAD, Q4, FourBit, dequantize
 from draftwise.errors import DraftwiseError

@@ -42,7 +42,7 @@ def exact_4bit(model_dir: Path | None, device: torch.device) -> bool:
     kernel and a model converted from a GGUF whose block linears are Q4_0 / Q4_1 / Q4_K
     (then the codes are the file's, exactly, and its other tensors stay dense; for any
     other model ``4bit`` rounds the weights, a choice the user must make)."""
-    from draftwise.backends.cuda.int4 import int4_available
+    from draftwise.backends.cuda.cpu.int4 import int4_available
     from draftwise.backends.gguf_q4 import q4_linear_count
 
     if model_dir is None or device.type != "cpu" or not int4_available():

@@ -3,7 +3,7 @@ hidden state drafts ``bw`` beams of ``t`` tokens; their shared prefixes are merg
 one tree that the target verifies in one forward.
 
 The algorithm (beam search, dedup, budget) is here once; a backend supplies only the
-tensor step behind ``RecurrentNet`` (``backends/cuda/redrafter.py``). The network needs
+tensor step behind ``RecurrentNet`` (``backends/cuda/redrafter/net.py``). The network needs
 the target's hidden state of the last cached token: the backend keeps it after every
 ``prefill``/``commit``. When it is not there for the current cache (a backend used by
 someone else in between), the drafter proposes nothing for that step: plain decoding.

@@ -13,11 +13,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from draftwise.backends.cuda import TorchBackend  # noqa: E402
-from draftwise.backends.cuda.redrafter import ReDrafterNet  # noqa: E402
-from draftwise.backends.cuda.redrafter_step import TorchRecurrentStep  # noqa: E402
-from draftwise.backends.cuda.redrafter_io import save_redrafter, weights_fingerprint  # noqa: E402
+from draftwise.backends.cuda.redrafter.checkpoint import save_redrafter, weights_fingerprint  # noqa: E402
+from draftwise.backends.cuda.redrafter.net import ReDrafterNet  # noqa: E402
+from draftwise.backends.cuda.redrafter.step import TorchRecurrentStep  # noqa: E402
 from draftwise.backends.mlx import MLXBackend  # noqa: E402
-from draftwise.backends.mlx.redrafter import MLXRecurrentStep, MLXReDrafterNet  # noqa: E402
+from draftwise.backends.mlx.redrafter.net import MLXReDrafterNet
+from draftwise.backends.mlx.redrafter.step import MLXRecurrentStep  # noqa: E402
 from draftwise.core.drafters.redrafter import ReDrafter  # noqa: E402
 from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig  # noqa: E402
 from draftwise.core.tree import DraftTree  # noqa: E402

@@ -1,0 +1,274 @@
+/* Row-invariant attention over each row's logical key list, for the torch backend's
+ * batch-invariant mode on CPU (draftwise/backends/cuda/cpu/native.py builds and loads it).
+ *
+ * Row i (one query position) of a verify attends over cache slots 0 .. committed-1 and
+ * then over its own extra slots extra[i, 0 .. n_extra[i]-1] (its tree ancestors and
+ * itself, in depth order): exactly the positions a plain one-row step at the same place
+ * sees, in the same order. Every (row, head) is computed by one thread, start to end, in
+ * that fixed order, with fixed-width partial sums combined in a fixed order (the AVX-512
+ * path runs one head for all rows in a task, sharing the committed prefix's key blocks
+ * while they sit in L1, each row's operations unchanged), so its bits
+ * never depend on how many rows are verified together, on the other rows, or on the
+ * thread count.
+ *
+ * Shapes: q (T, H, D) float32, already scaled by 1/sqrt(D); cache (2, Hkv, Tmax, D)
+ * float32 (one layer: K then V); extra (T, E) int64; n_extra (T,) int32; out (T, H, D).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define LANES 16
+
+/* exp(x) for x <= 0 (softmax after subtracting the max): Cody-Waite range reduction and
+ * a degree-6 polynomial, about 2 ulp; written with plain arithmetic so the compiler can
+ * vectorise it, and deterministic. */
+static inline float dw_exp(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float log2e = 1.44269504088896341f;
+    float n = (x * log2e + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = x - n * 0.693359375f;                      /* ln2 high part, exact in n*hi */
+    r = r - n * -2.12194440e-4f;                         /* ln2 low part */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { float f; int32_t i; } s;
+    s.i = ((int32_t)n + 127) << 23;
+    return p * s.f;
+}
+
+static void one_row_head(const float *qv, const float *K, const float *V, int64_t committed,
+                         const int64_t *extra, int64_t n_extra, int d, float *s, float *o) {
+    int64_t len = committed + n_extra;
+    float m = -INFINITY;
+    for (int64_t j = 0; j < len; j++) {
+        int64_t slot = j < committed ? j : extra[j - committed];
+        const float *k = K + slot * d;
+        float acc[LANES] = {0};
+        int x = 0;
+        for (; x + LANES <= d; x += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += qv[x + l] * k[x + l];
+        for (int l = 0; x < d; x++, l++) acc[l] += qv[x] * k[x];
+        for (int w = LANES / 2; w > 0; w /= 2) /* fixed pairwise combine */
+            for (int l = 0; l < w; l++) acc[l] += acc[l + w];
+        s[j] = acc[0];
+        m = acc[0] > m ? acc[0] : m;
+    }
+    for (int64_t j = 0; j < len; j++) s[j] = dw_exp(s[j] - m);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < len; j++) sum += s[j];
+    for (int x = 0; x < d; x++) o[x] = 0.0f;
+    for (int64_t j = 0; j < len; j++) {
+        int64_t slot = j < committed ? j : extra[j - committed];
+        const float *v = V + slot * d;
+        float p = s[j];
+        for (int x = 0; x < d; x++) o[x] += p * v[x];
+    }
+    float inv = 1.0f / sum;
+    for (int x = 0; x < d; x++) o[x] *= inv;
+}
+
+#if defined(__AVX512F__)
+#include "vec.h"
+
+/* 16 vectors -> one: lane u of the result is the sum of a[u]'s 16 lanes (a fixed
+ * transpose-and-add tree). */
+static inline __m512 sum16x16(const __m512 *a) {
+    __m512 b[8], c[4];
+    for (int u = 0; u < 8; u++)
+        b[u] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * u], a[2 * u + 1]),
+                             _mm512_unpackhi_ps(a[2 * u], a[2 * u + 1]));
+    for (int u = 0; u < 4; u++) {
+        __m512d x = _mm512_castps_pd(b[2 * u]), y = _mm512_castps_pd(b[2 * u + 1]);
+        c[u] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    /* each 128-bit lane of c[u] now holds keys 4u..4u+3, partial over that lane */
+    __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+    __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
+}
+
+/* Scores of 16 keys starting at logical position j for one query (NV vectors). */
+static inline __attribute__((always_inline)) __m512 scores16(
+    const __m512 *q, const float *K, int64_t j, int64_t committed, const int64_t *extra,
+    const int NV) {
+    const int d = 16 * NV;
+    __m512 a[16];
+    for (int u = 0; u < 16; u++) {
+        int64_t jj = j + u;
+        const float *k = K + (jj < committed ? jj : extra[jj - committed]) * d;
+        a[u] = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+        for (int v = 1; v < NV; v++) a[u] = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), a[u]);
+    }
+    return sum16x16(a);
+}
+
+/* One head, all T rows, head size 16 NV (a compile-time constant: the query, the output
+ * and the accumulators stay in registers). Per (row, head) the arithmetic is fixed by that
+ * row's own key list alone:
+ * - scores: keys in blocks of 16 from position 0 (each key's NV fused multiply-adds, then
+ *   sum16x16) while a whole block fits, then the rest one by one;
+ * - softmax over the scores (16 lanes, masked tail);
+ * - p @ V: key j into accumulator set j % 4, in increasing j, the four sets summed in a
+ *   fixed order at the end.
+ * The blocks inside the committed prefix (shared by every row) are computed for all rows
+ * while their 16 keys (or values) sit in L1: the same operations in another order, so the
+ * bits are those of the row computed alone. q and out rows are ld floats apart. */
+static inline __attribute__((always_inline)) void head_rows_nv(
+    const float *qh, int64_t ld, const float *K, const float *V, int64_t committed,
+    const int64_t *extra, int e, const int32_t *n_extra, int t, float *s, int64_t lds,
+    float *accs, float *oh, const int NV) {
+    const int d = 16 * NV;
+    int64_t shared = committed / 16 * 16;
+    __m512 q[NV];
+    for (int64_t j = 0; j < shared; j += 16)
+        for (int r = 0; r < t; r++) {
+            for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qh + r * ld + 16 * v);
+            _mm512_storeu_ps(s + r * lds + j, scores16(q, K, j, committed, NULL, NV));
+        }
+    for (int r = 0; r < t; r++) {
+        const int64_t *ex = extra + (int64_t)r * e;
+        float *sr = s + r * lds;
+        int64_t len = committed + n_extra[r], j = shared;
+        for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qh + r * ld + 16 * v);
+        for (; j + 16 <= len; j += 16) _mm512_storeu_ps(sr + j, scores16(q, K, j, committed, ex, NV));
+        for (; j < len; j++) {
+            const float *k = K + (j < committed ? j : ex[j - committed]) * d;
+            __m512 a = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+            for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), a);
+            sr[j] = _mm512_reduce_add_ps(a);
+        }
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (j = 0; j < len; j += 16) {
+            __mmask16 msk = len - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j)) - 1);
+            mx = _mm512_mask_max_ps(mx, msk, mx, _mm512_maskz_loadu_ps(msk, sr + j));
+        }
+        __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+        __m512 sum = _mm512_setzero_ps();
+        for (j = 0; j < len; j += 16) {
+            __mmask16 msk = len - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (len - j)) - 1);
+            __m512 ex16 = dw_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(msk, sr + j), m));
+            ex16 = _mm512_maskz_mov_ps(msk, ex16);
+            _mm512_mask_storeu_ps(sr + j, msk, ex16);
+            sum = _mm512_add_ps(sum, ex16);
+        }
+        sr[lds - 1] = 1.0f / _mm512_reduce_add_ps(sum); /* the row's 1 / sum, kept aside */
+    }
+    /* p @ V over the shared blocks, all rows, accumulators parked in accs between blocks */
+    for (int64_t i = 0; i < (int64_t)t * 4 * NV * 16; i++) accs[i] = 0.0f;
+    for (int64_t j = 0; j < shared; j += 16)
+        for (int r = 0; r < t; r++) {
+            float *ar = accs + (int64_t)r * 4 * NV * 16;
+            __m512 acc[4][NV];
+            for (int w = 0; w < 4; w++)
+                for (int v = 0; v < NV; v++) acc[w][v] = _mm512_loadu_ps(ar + (w * NV + v) * 16);
+            for (int64_t jj = j; jj < j + 16; jj += 4)
+                for (int w = 0; w < 4; w++) {
+                    const float *vv = V + (jj + w) * d;
+                    __m512 p = _mm512_set1_ps(s[r * lds + jj + w]);
+                    for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vv + 16 * v), acc[w][v]);
+                }
+            for (int w = 0; w < 4; w++)
+                for (int v = 0; v < NV; v++) _mm512_storeu_ps(ar + (w * NV + v) * 16, acc[w][v]);
+        }
+    for (int r = 0; r < t; r++) {
+        const int64_t *ex = extra + (int64_t)r * e;
+        const float *sr = s + r * lds;
+        float *ar = accs + (int64_t)r * 4 * NV * 16;
+        int64_t len = committed + n_extra[r], j = shared;
+        __m512 acc[4][NV];
+        for (int w = 0; w < 4; w++)
+            for (int v = 0; v < NV; v++) acc[w][v] = _mm512_loadu_ps(ar + (w * NV + v) * 16);
+        for (; j + 4 <= len; j += 4)
+            for (int w = 0; w < 4; w++) {
+                int64_t jj = j + w;
+                const float *vv = V + (jj < committed ? jj : ex[jj - committed]) * d;
+                __m512 p = _mm512_set1_ps(sr[jj]);
+                for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vv + 16 * v), acc[w][v]);
+            }
+        for (int w = 0; j < len; j++, w++) {
+            const float *vv = V + (j < committed ? j : ex[j - committed]) * d;
+            __m512 p = _mm512_set1_ps(sr[j]);
+            for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vv + 16 * v), acc[w][v]);
+        }
+        __m512 iv = _mm512_set1_ps(sr[lds - 1]);
+        for (int v = 0; v < NV; v++) {
+            __m512 tv = _mm512_add_ps(_mm512_add_ps(acc[0][v], acc[1][v]), _mm512_add_ps(acc[2][v], acc[3][v]));
+            _mm512_storeu_ps(oh + r * ld + 16 * v, _mm512_mul_ps(tv, iv));
+        }
+    }
+}
+
+#define NV_CASE(n) case n: head_rows_nv(qh, ld, K, V, committed, extra, e, n_extra, t, s, lds, accs, oh, n); return 1;
+/* The vectorised path for head sizes 64, 80, 96 and 128; 0 for others. */
+static int head_rows_vec(const float *qh, int64_t ld, const float *K, const float *V,
+                         int64_t committed, const int64_t *extra, int e,
+                         const int32_t *n_extra, int t, float *s, int64_t lds, float *accs,
+                         float *oh, int d) {
+    if (d % 16) return 0;
+    /* the common head sizes 64, 80, 96, 128 (each case is a fully unrolled copy: all 16
+     * took 9 s to compile); other sizes take the plain C loop */
+    switch (d / 16) { NV_CASE(4) NV_CASE(5) NV_CASE(6) NV_CASE(8) }
+    return 0;
+}
+#endif
+
+int dw_attention(const float *q, const float *cache, int64_t tmax, int h, int hkv, int d,
+                 int64_t committed, const int64_t *extra, const int32_t *n_extra, int t,
+                 int e, float *out, int threads) {
+    int rep = h / hkv;
+    int64_t most = 0;
+    for (int i = 0; i < t; i++) most = n_extra[i] > most ? n_extra[i] : most;
+    int failed = 0;
+#if defined(__AVX512F__)
+    if (d == 64 || d == 80 || d == 96 || d == 128) { /* one head, all rows, per task */
+        int64_t lds = committed + most + 17; /* scores, padding, the row's 1 / sum last */
+#pragma omp parallel num_threads(threads) if (threads > 1 && h > 1)
+        {
+            float *s = (float *)malloc(sizeof(float) * (size_t)(t * lds));
+            float *accs = (float *)malloc(sizeof(float) * (size_t)t * 4 * 256);
+            if (s == NULL || accs == NULL) {
+#pragma omp atomic write
+                failed = 1;
+            }
+#pragma omp for schedule(static)
+            for (int hh = 0; hh < h; hh++) {
+                if (s == NULL || accs == NULL) continue;
+                int g = hh / rep;
+                const float *K = cache + ((int64_t)g * tmax) * d;
+                const float *V = cache + ((int64_t)(hkv + g) * tmax) * d;
+                head_rows_vec(q + (int64_t)hh * d, (int64_t)h * d, K, V, committed, extra, e,
+                              n_extra, t, s, lds, accs, out + (int64_t)hh * d, d);
+            }
+            free(s);
+            free(accs);
+        }
+        return failed;
+    }
+#endif
+    int64_t total = (int64_t)t * h;
+#pragma omp parallel num_threads(threads) if (threads > 1 && total > 1)
+    {
+        float *s = (float *)malloc(sizeof(float) * (size_t)(committed + most + 16));
+        if (s == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t th = 0; th < total; th++) {
+            if (s == NULL) continue;
+            int i = (int)(th / h), hh = (int)(th % h), g = hh / rep;
+            const float *K = cache + ((int64_t)g * tmax) * d;
+            const float *V = cache + ((int64_t)(hkv + g) * tmax) * d;
+            one_row_head(q + th * d, K, V, committed, extra + (int64_t)i * e, n_extra[i], d, s,
+                         out + th * d);
+        }
+        free(s);
+    }
+    return failed;
+}

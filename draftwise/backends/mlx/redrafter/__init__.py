@@ -1,0 +1,1 @@
+"""ReDrafter on MLX: the network (``net.py``) and its drafting step (``step.py``)."""

@@ -1,0 +1,133 @@
+"""The 4bit mode's fused forward (``fused.py``, ``csrc/forward.c``): it is what a native
+4bit model verifies with, it computes the same model as the torch forward (to bfloat16
+rounding), and a row's bits do not depend on the thread count. Row invariance against the
+batch is checked by ``test_invariant.py``'s 4bit cases, which run this path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from draftwise.backends.cuda import TorchBackend  # noqa: E402
+from draftwise.backends.cuda.cpu import native  # noqa: E402
+from draftwise.backends.cuda.cpu.fused import FusedForward  # noqa: E402
+from draftwise.core.tree import DraftTree  # noqa: E402
+from tests.backends.cuda.test_torch_backend import _save_tiny  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    native.int4_lib() is None, reason="no compiled int4 kernel (C compiler, avx512_bf16)"
+)
+
+
+def _backend(model_dir, fused: bool) -> TorchBackend:
+    be = TorchBackend.from_pretrained(model_dir, dtype="4bit", device="cpu", max_cache_len=512)
+    assert be.model.fused is not None
+    if not fused:
+        be.model.fused = None  # the torch ops, same weights and kernels
+    return be
+
+
+def _verify(be: TorchBackend, ctx: np.ndarray, tree: DraftTree) -> np.ndarray:
+    be.prefill(ctx[:-1])
+    out = be.verify(int(ctx[-1]), tree, need_logits=True)
+    assert out.logits is not None
+    return out.logits
+
+
+def test_fused_equals_the_torch_forward_on_the_default_model(default_model_dir):
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(0, 49152, 200)
+    tree = DraftTree.chain(rng.integers(0, 49152, 11).tolist())
+    got = _verify(_backend(default_model_dir, True), ctx, tree)  # (12, V)
+    want = _verify(_backend(default_model_dir, False), ctx, tree)
+    # float32 residual and fewer bf16 roundings than the torch ops: close, not equal
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() < 0.05 * scale
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 11 / 12
+
+
+def test_fused_rows_do_not_depend_on_the_thread_count(tmp_path):
+    model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+    rng = np.random.default_rng(3)
+    ctx = rng.integers(0, 97, 40)
+    tree = DraftTree.chain(rng.integers(0, 97, 9).tolist())
+    old = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(_verify(_backend(model_dir, True), ctx, tree))
+    finally:
+        torch.set_num_threads(old)
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_not_built_without_the_native_kernel(tmp_path, monkeypatch):
+    model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_tried", True)  # as where no compiler is found
+    be = TorchBackend.from_pretrained(model_dir, dtype="4bit", device="cpu", max_cache_len=64)
+    assert be.model.fused is None and FusedForward.build(be.model) is None
+
+
+def test_the_cost_profile_key_names_the_kernels(tmp_path, monkeypatch):
+    """A cost profile measured with other kernels (an older build, or without the fused
+    forward) must not size the trees of this one: the device key names the build."""
+    model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+    be = TorchBackend.from_pretrained(model_dir, dtype="4bit", device="cpu", max_cache_len=64)
+    key = be.device_info().key()
+    assert "native-" in key and key.endswith("+fused")
+    be.model.fused = None
+    assert be.device_info().key() != key
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_tried", True)
+    plain = TorchBackend.from_pretrained(model_dir, dtype="4bit", device="cpu", max_cache_len=64)
+    assert plain.device_info().key() == "cpu|" + key.split("|", 1)[1].rsplit("|", 1)[0]
+
+
+def _eager(be: TorchBackend) -> TorchBackend:
+    """``be`` verifying through ``fused_eager.eager_forward`` instead of the C forward."""
+    from draftwise.backends.cuda.cpu.fused_eager import eager_forward
+
+    fused = be.model.fused
+
+    class Eager:
+        def __call__(self, *args):
+            return eager_forward(fused, *args)
+
+    be.model.fused = Eager()
+    return be
+
+
+@pytest.mark.parametrize("tiny", [True, False], ids=["tiny", "default-model"])
+def test_compiled_and_eager_forwards_agree_bit_for_bit(tmp_path, default_model_dir, tiny):
+    """The fused C forward and its op-by-op torch replay give the same logits, hidden
+    states and K/V cache bits: over a tree verify, its commit, and the next plain step."""
+    if tiny:
+        model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+        vocab = 97
+    else:
+        model_dir, vocab = default_model_dir, 49152
+    rng = np.random.default_rng(5)
+    ctx = rng.integers(0, vocab, 70)
+    tree = DraftTree(rng.integers(0, vocab, 9), np.array([-1, 0, 0, 1, 1, 2, -1, 6, 7]))
+    if tiny:  # 40 rows: two verify chunks, the second attending to the first's slots
+        parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, 39)]
+        tree = DraftTree(rng.integers(0, vocab, 39), np.array(parents))
+    runs = []
+    for be in (_backend(model_dir, True), _eager(_backend(model_dir, True))):
+        be.prefill(ctx[:-1])
+        first = be.verify(int(ctx[-1]), tree, need_logits=True)
+        x = be.model.last_x.clone()
+        path = [0, 1]  # the root row and the first draft, then its first child if any
+        kids = np.flatnonzero(tree.parents == 0)
+        if kids.size:
+            path.append(int(kids[0]) + 1)
+        be.commit(np.array(path))
+        second = be.verify(int(tree.tokens[path[-1] - 1]), DraftTree.empty(), need_logits=True)
+        runs.append((first.logits, x, second.logits, be.model.cache[:, :, :, :80].clone()))
+    for a, b in zip(*runs):
+        a, b = (torch.as_tensor(v) for v in (a, b))
+        assert torch.equal(a, b)

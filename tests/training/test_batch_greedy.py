@@ -1,0 +1,99 @@
+"""Batched greedy continuations (distillation data): left-padded rows of different
+lengths continue exactly as each prompt alone, and as transformers' greedy decoding, on
+the real default model in float32; finished rows stop being valid."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from draftwise.backends.cuda.llama import Llama  # noqa: E402
+from draftwise.errors import DraftwiseError  # noqa: E402
+from draftwise.training.batch_greedy import (  # noqa: E402
+    greedy_continuations,
+    prompt_states,
+)
+
+N = 12
+
+
+@pytest.fixture(scope="module")
+def setup(default_model_dir):  # type: ignore[no-untyped-def]
+    tok = transformers.AutoTokenizer.from_pretrained(default_model_dir)
+    texts = ["Name three colours.", "What is 2 + 2? Answer briefly, please.", "Hi"]
+    prompts = []
+    for t in texts:
+        x = tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
+        prompts.append(list(x["input_ids"] if hasattr(x, "keys") else x))
+    model = Llama.load(default_model_dir, torch.float32, torch.device("cpu"), max_cache_len=1)
+    return default_model_dir, tok, prompts, model
+
+
+def test_batch_equals_each_prompt_alone_and_transformers(setup):  # type: ignore[no-untyped-def]
+    model_dir, tok, prompts, model = setup
+    tokens, hidden, valid = greedy_continuations(model, prompts, N, eos=None, prefill_rows=2)
+    assert tokens.shape == (3, N) and hidden.shape == (3, N, model.cfg.dim) and valid.all()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    for r, p in enumerate(prompts):
+        t1, h1, _ = greedy_continuations(model, [p], N, eos=None)
+        assert t1[0].tolist() == tokens[r].tolist()
+        np.testing.assert_allclose(h1[0].astype(np.float32), hidden[r].astype(np.float32),
+                                   atol=2e-2)
+        with torch.inference_mode():
+            ids = torch.tensor([p])
+            want = hf.generate(ids, max_new_tokens=N, do_sample=False, pad_token_id=0)[0, len(p) :]
+            # hidden[j] predicted tokens[j]: the hidden state after the prompt's last token
+            out = hf(ids, output_hidden_states=True)
+        # (generate stops at the end-of-sequence token; eos=None above goes on)
+        assert len(want) >= 4 and tokens[r, : len(want)].tolist() == want.tolist()
+        np.testing.assert_allclose(
+            hidden[r, 0].astype(np.float32), out.hidden_states[-1][0, -1].numpy(), atol=2e-2
+        )
+
+
+def test_rows_end_at_eos(setup):  # type: ignore[no-untyped-def]
+    _, _, prompts, model = setup
+    tokens, _, _ = greedy_continuations(model, prompts, N, eos=None)
+    stop = int(tokens[1, 3])  # pretend row 1's fourth token ends it
+    t2, _, valid = greedy_continuations(model, prompts, N, eos=stop)
+    first = int(np.argmax(tokens[1] == stop))
+    assert valid[1, : first + 1].all() and not valid[1, first + 1 :].any()
+    for r in (0, 2):  # other rows go on unchanged (until they meet that token themselves)
+        hit = np.flatnonzero(tokens[r] == stop)
+        end = N if hit.size == 0 else int(hit[0]) + 1
+        assert t2[r, :end].tolist() == tokens[r, :end].tolist() and valid[r, :end].all()
+
+
+def test_bad_input(setup):  # type: ignore[no-untyped-def]
+    _, _, prompts, model = setup
+    with pytest.raises(DraftwiseError, match="non-empty prompts"):
+        greedy_continuations(model, [prompts[0], []], 4, eos=None)
+    with pytest.raises(DraftwiseError, match="gen_len must be at least 1, got 0"):
+        greedy_continuations(model, prompts, 0, eos=None)
+
+
+def test_prompt_states_in_the_continuation_layout(setup):  # type: ignore[no-untyped-def]
+    """Right-aligned prompts; ``hidden[j]`` is the plain forward's state of the token
+    before ``tokens[j]``; the first token is not valid; the last state is the
+    continuation's first; a width shorter than a prompt keeps its end."""
+    model_dir, _, prompts, model = setup
+    w = max(len(p) for p in prompts) + 2
+    tok, hid, valid, last = prompt_states(model, prompts, w, prefill_rows=2)
+    _, cont, _ = greedy_continuations(model, prompts, 2, eos=None)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    for r, p in enumerate(prompts):
+        n = len(p)
+        assert tok[r, w - n :].tolist() == p and not tok[r, : w - n].any()
+        assert valid[r].tolist() == [False] * (w - n + 1) + [True] * (n - 1)
+        with torch.inference_mode():
+            ref = hf(torch.tensor([p]), output_hidden_states=True).hidden_states[-1][0].numpy()
+        np.testing.assert_allclose(hid[r, w - n + 1 :].astype(np.float32), ref[:-1], atol=2e-2)
+        np.testing.assert_allclose(last[r].astype(np.float32), cont[r, 0].astype(np.float32),
+                                   atol=2e-2)
+    short, _, vshort, _ = prompt_states(model, prompts, 4)
+    assert short[0].tolist() == prompts[0][-4:] and vshort[0].tolist() == [False] + [True] * 3
+    with pytest.raises(DraftwiseError, match="non-empty prompts"):
+        prompt_states(model, [[]], 4)
