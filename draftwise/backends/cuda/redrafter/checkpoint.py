@@ -51,12 +51,21 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def save_redrafter(net: ReDrafterNet, out_dir: str | os.PathLike[str]) -> Path:
-    """Write ``net``'s trained tensors and config to ``out_dir``; returns the directory."""
+def save_redrafter(
+    net: ReDrafterNet, out_dir: str | os.PathLike[str], dtype: torch.dtype = torch.float32
+) -> Path:
+    """Write ``net``'s trained tensors and config to ``out_dir``; returns the directory.
+
+    ``dtype``: the precision of the stored weights. Training writes float32 (its
+    checkpoints resume bit for bit); the copy shipped in ``draftwise/data`` is bfloat16,
+    the precision the drafting step computes in on CPU (its int8 weights are quantized
+    from it at load), at half the size. Loading casts back to float32 either way."""
     from safetensors.torch import save
 
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise DraftwiseError(f"ReDrafter weights are stored as float32, bfloat16 or float16, not {dtype}")
     out = Path(out_dir)
-    tensors = {k: v.detach().float().cpu().contiguous() for k, v in net.state_dict().items()}
+    tensors = {k: v.detach().to(dtype).cpu().contiguous() for k, v in net.state_dict().items()}
     tensors["vocab_ids"] = net.vocab_ids.cpu().to(torch.int64).contiguous()
     blob = save(tensors)
     atomic_write(out / WEIGHTS, blob)

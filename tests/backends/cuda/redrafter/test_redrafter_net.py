@@ -51,6 +51,23 @@ def test_round_trip(tmp_path):
     assert back.vocab_ids.tolist() == net.vocab_ids.tolist()
 
 
+def test_bfloat16_storage_halves_the_file_and_loads_as_float32(tmp_path):
+    net, embed = _net()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    save_redrafter(net, tmp_path / "f32")
+    save_redrafter(net, tmp_path / "bf16", dtype=torch.bfloat16)
+    small, big = ((tmp_path / d / "model.safetensors").stat().st_size for d in ("bf16", "f32"))
+    assert small < 0.6 * big
+    back = load_redrafter(tmp_path / "bf16", embed, "tok-a", weights_fingerprint(embed))
+    for (k, a), (_, b) in zip(net.state_dict().items(), back.state_dict().items()):
+        assert b.dtype == a.dtype, k  # float32 parameters, int64 ids
+        assert torch.equal(b, a.to(torch.bfloat16).to(a.dtype) if a.is_floating_point() else a), k
+    with pytest.raises(DraftwiseError, match="not torch.int8"):
+        save_redrafter(net, tmp_path / "int8", dtype=torch.int8)
+
+
 def test_refusals_name_the_path(tmp_path):
     net, embed = _net()
     save_redrafter(net, tmp_path)
