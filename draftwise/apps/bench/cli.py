@@ -2,9 +2,9 @@
 
 Runs the baseline ``none``, each drafter and each peer on the same prompts in one process,
 interleaved prompt by prompt, and writes results.json.gz (every record, gzipped JSON:
-``records.read_results`` reads it), results.md, speedup.png and
-accept_hist.png to ``--out``. Multi-turn items are asked turn by turn with the chat
-template, each method's own previous answer in the history (as Spec-Bench does).
+``records.read_results`` reads it), results.md, speedup.png and accept_hist.png to
+``--out``. Multi-turn items are asked turn by turn with the chat template, each method's
+own previous answer in the history (as Spec-Bench does).
 
 Example::
 
