@@ -1,10 +1,45 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and which tests run only in the full run.
+
+The default run (``bash scripts/test.sh``, what CI runs) keeps at least one real-model
+identity test per mode and drafter family; ``FULL_ONLY`` lists the slower duplicates
+(more prompts of the same check, a second mode of the same backend, the same drafter
+through a second entry point). They get the ``full`` marker and run with
+``bash scripts/test.sh --full`` (or ``pytest -m full``); nothing in them is skipped there.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+# node id prefixes; each line says what still covers the same ground on the default path
+FULL_ONLY = (
+    # float32 identity: test_identical_own_prompts[List ...] (cacheback, ssd, +, auto)
+    "tests/test_identity.py::test_identical_specbench",
+    "tests/test_identity.py::test_identical_own_prompts[Explain",
+    "tests/test_identity.py::test_identical_own_prompts[Write",
+    # MLX cacheback: test_cacheback_lossless_and_accepts_like_torch[Repeat ...], 4bit: test_4bit_lossless
+    "tests/backends/mlx/test_mlx_default_model.py::test_cacheback_lossless_and_accepts_like_torch[Write",
+    "tests/backends/mlx/test_mlx_default_model.py::test_cacheback_lossless_and_accepts_like_torch[Explain",
+    "tests/backends/mlx/test_mlx_default_model.py::test_cli_generate_4bit",
+    "tests/backends/mlx/test_mlx_invariant.py::test_cacheback_equals_plain[4bit]",
+    # MLX redrafter: tests/backends/mlx/test_mlx_redrafter.py (the MLX step against torch's)
+    "tests/backends/mlx/test_mlx_default_model.py::test_shipped_redrafter_and_auto_lossless",
+    # torch redrafter: the shipped checkpoint on own prompts, random networks on one prompt
+    "tests/backends/cuda/redrafter/test_redrafter_identity.py::test_shipped_redrafter_context_vocabulary_on_specbench",
+    "tests/backends/cuda/redrafter/test_redrafter_identity.py::test_random_redrafter_identical_to_plain[Write",
+    # bf16 invariant: test_bf16_cacheback_equals_plain_own_prompts
+    "tests/backends/cuda/test_invariant.py::test_bf16_cacheback_equals_plain_on_specbench",
+    # draft model and CARD: the same test on the first prompt
+    "tests/backends/cuda/test_draft_lm.py::test_draft_model_and_card_identical_to_plain[Write",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith(FULL_ONLY):
+            item.add_marker(pytest.mark.full)
 
 
 @pytest.fixture(scope="session")
