@@ -29,7 +29,7 @@ import numpy as np
 
 from draftwise.backends.select import BACKENDS, make_backend, resolve_backend_name
 from draftwise.core.backend import Backend
-from draftwise.core.decode import Decoder
+from draftwise.core.decode import Decoder, check_request
 from draftwise.core.drafters import Drafter
 from draftwise.core.drafters.base import close_drafter
 from draftwise.core.sampling import SamplingParams
@@ -339,8 +339,8 @@ def _generate(
         temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p,
         repetition_penalty=repetition_penalty, repetition_context=repetition_context,
     )
-    if max_tokens < 1:
-        raise DraftwiseError(f"max_tokens must be >= 1, got {max_tokens}")
+    # sizes first, before the prompt is encoded or a drafter built (both can take seconds)
+    check_request(max_tokens, budget)
     ids = model.encode_prompt(prompt, chat_template)
     d = model.drafter(drafter)
     detok = StreamingDetokenizer(model.tokenizer)

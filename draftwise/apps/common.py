@@ -7,6 +7,7 @@ from typing import Any
 
 from draftwise.api import BACKENDS
 from draftwise.drafting import PartSpec, check_spec, drafter_names
+from draftwise.core.decode import check_request
 from draftwise.core.sampling import SamplingParams
 from draftwise.errors import DraftwiseError
 
@@ -88,6 +89,7 @@ def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         raise DraftwiseError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if args.budget < 0:
         raise DraftwiseError(f"--budget must be >= 0, got {args.budget}")
+    check_request(args.max_tokens, args.budget)  # the upper bounds too, before a model loads
     return dict(
         max_tokens=args.max_tokens, temp=args.temp, top_p=args.top_p, top_k=args.top_k,
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed,

@@ -46,6 +46,41 @@ class Step:
     beam: tuple[int, int] | None = None  # (width, length) of a beam drafter's beams
 
 
+# A draft tree's node cap (``budget``) may not exceed this: a verify step carries
+# ``1 + budget`` rows, and the decoder allocates per-step arrays of that size.
+MAX_BUDGET = 4096
+# No request may ask for more tokens than this (16.7 M, beyond any model's context): a
+# larger ``max_tokens`` is a mistake, not a long generation. Up to it, generation simply
+# stops at the context's end (finish reason "length").
+MAX_TOKENS = 1 << 24
+
+
+def check_request(max_tokens: int, budget: int) -> None:
+    """Refuse (one line naming the value) sizes no generation could use, before anything
+    is allocated. A ``max_tokens`` beyond the context *left* after a prompt is fine:
+    generation stops at the context's end, and the decoder allocates for what fits.
+
+    Example::
+
+        >>> check_request(10**12, 16)
+        Traceback (most recent call last):
+        ...
+        draftwise.errors.DraftwiseError: max_tokens must be at most 16777216, got 1000000000000
+    """
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
+        raise DraftwiseError(f"max_tokens must be an integer, got {max_tokens!r}")
+    if max_tokens < 1:
+        raise DraftwiseError(f"max_tokens must be >= 1, got {max_tokens}")
+    if max_tokens > MAX_TOKENS:
+        raise DraftwiseError(f"max_tokens must be at most {MAX_TOKENS}, got {max_tokens}")
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+        raise DraftwiseError(f"draft budget must be an integer, got {budget!r}")
+    if budget < 0:
+        raise DraftwiseError(f"draft budget must be >= 0, got {budget}")
+    if budget > MAX_BUDGET:
+        raise DraftwiseError(f"draft budget must be at most {MAX_BUDGET}, got {budget}")
+
+
 def common_prefix(a: list[int], b: np.ndarray) -> int:
     """Length of the longest common prefix of ``a`` and ``b``."""
     n = min(len(a), b.size)
@@ -114,14 +149,16 @@ class Decoder:
         limit = self.backend.context_limit
         if prompt.size == 0:
             raise DraftwiseError("the prompt is empty: give at least one token of input")
-        if max_tokens < 1:
-            raise DraftwiseError(f"max_tokens must be >= 1, got {max_tokens}")
-        if budget < 0:
-            raise DraftwiseError(f"draft budget must be >= 0, got {budget}")
+        check_request(max_tokens, budget)
         if prompt.size >= limit:
             raise DraftwiseError(
                 f"the prompt has {prompt.size} tokens; the model's context limit is {limit}"
             )
+        # The context edge, one rule for every drafter: prompt and output together hold at
+        # most ``limit`` tokens (the last one is never fed), so a step may emit at most
+        # ``limit - n`` more and a tree is capped below that (``cap`` below); plain and
+        # speculative decoding stop at the same token.
+        max_tokens = min(max_tokens, limit - prompt.size)
         # One uniform per emitted token, keyed by its position: the token at absolute
         # position prompt.size + e is drawn at u[e], whichever step and tree row emits it
         # (the same draws, in the same order, as one rng.random() per token).
@@ -165,9 +202,7 @@ class Decoder:
                         cut, finish = i + 1, "stop"
                         break
                 if finish is None and emitted + cut >= max_tokens:
-                    cut, finish = max_tokens - emitted, "length"
-                if finish is None and self.backend.cache_len + 1 >= limit:
-                    finish = "length"  # the context is full
+                    cut, finish = max_tokens - emitted, "length"  # or the context is full
                 new = new[:cut]
                 seq[n : n + cut] = new
                 n += cut

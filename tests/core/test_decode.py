@@ -167,6 +167,34 @@ def test_context_full_ends_with_length():
     assert toks[: len(plain)] == plain[: len(toks)]
 
 
+@pytest.mark.parametrize("left", [1, 2, 3, 5, 8, 16, 17, 40])
+@pytest.mark.parametrize("max_tokens", [1, 16, 200])
+def test_the_context_edge_is_the_same_for_every_drafter(left, max_tokens):
+    """Prompt and output together hold at most ``context_limit`` tokens, whatever drafts:
+    the same tokens and finish reason as plain decoding, right to the edge."""
+    limit = 48
+    prompt = ([1, 2, 3] * limit)[: limit - left]
+    plain, plain_steps, _ = run(FakeBackend(vocab_size=6, sharpness=4.0, context_limit=limit),
+                                NoDrafter(), SamplingParams(), prompt, max_tokens)
+    assert len(plain) == min(max_tokens, left)
+    for drafter in (Cacheback(ll=1, fl=3), RandomTreeDrafter(6)):
+        be = FakeBackend(vocab_size=6, sharpness=4.0, context_limit=limit)
+        spec, steps, _ = run(be, drafter, SamplingParams(), prompt, max_tokens, budget=64)
+        assert spec == plain
+        assert steps[-1].finish_reason == plain_steps[-1].finish_reason == "length"
+        assert be.cache_len < limit
+
+
+def test_sizes_no_generation_could_use_are_refused_before_allocating():
+    be = FakeBackend(context_limit=64)
+    with pytest.raises(DraftwiseError, match="max_tokens must be at most"):
+        next(Decoder(be).steps([1, 2], NoDrafter(), SamplingParams(), 10**12))
+    with pytest.raises(DraftwiseError, match="draft budget must be at most"):
+        next(Decoder(be).steps([1, 2], NoDrafter(), SamplingParams(), 4, budget=10**9))
+    with pytest.raises(DraftwiseError, match="max_tokens must be an integer"):
+        next(Decoder(be).steps([1, 2], NoDrafter(), SamplingParams(), 4.5))  # type: ignore[arg-type]
+
+
 def test_capped_drafter_never_exceeds_its_budget_and_stays_lossless(tmp_path):
     from draftwise.drafting import make_drafter
     from draftwise.core.drafters.compose import Capped
