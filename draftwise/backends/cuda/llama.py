@@ -88,6 +88,7 @@ class LlamaConfig:
             max_positions = min(max_positions, int(window))
         n_heads = int(cfg["num_attention_heads"])
         dim = int(cfg["hidden_size"])
+        check_sizes(cfg, dim, n_heads)
         return cls(
             model_type=model_type,
             vocab_size=int(cfg["vocab_size"]),
@@ -105,6 +106,73 @@ class LlamaConfig:
             attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         )
+
+
+MAX_SIZE = 1 << 20  # any one size of a config (hidden, heads, vocab, ...) stays below this
+
+
+def check_sizes(cfg: dict[str, Any], dim: int, n_heads: int) -> None:
+    """A config's sizes are positive, bounded and fit together (one line naming the
+    field): a model directory is user input, and the forward sizes buffers from it."""
+    fields = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+              "vocab_size", "num_key_value_heads", "head_dim", "max_position_embeddings")
+    for key in fields:
+        v = cfg.get(key)
+        if v is None and key in ("num_key_value_heads", "head_dim", "max_position_embeddings"):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v < MAX_SIZE:
+            raise DraftwiseError(f"config.json: {key} must be an integer in 1..{MAX_SIZE - 1}, got {v!r}")
+    kv = int(cfg.get("num_key_value_heads") or n_heads)
+    if n_heads % kv:
+        raise DraftwiseError(
+            f"config.json: num_attention_heads {n_heads} is not a multiple of "
+            f"num_key_value_heads {kv}"
+        )
+    if not cfg.get("head_dim") and dim % n_heads:
+        raise DraftwiseError(
+            f"config.json: hidden_size {dim} is not a multiple of num_attention_heads {n_heads} "
+            "(and no head_dim is given)"
+        )
+    if (cfg.get("head_dim") or dim // n_heads) % 2:
+        raise DraftwiseError(f"config.json: head_dim {cfg.get('head_dim') or dim // n_heads} must be even (RoPE)")
+
+
+def expected_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the forward reads, by checkpoint name, with the shape the config
+    implies (``lm_head.weight`` where the checkpoint has one)."""
+    c, h, kv, d, f = cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim
+    out: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (cfg.vocab_size, c),
+        "model.norm.weight": (c,),
+        "lm_head.weight": (cfg.vocab_size, c),
+    }
+    for i in range(cfg.n_layers):
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        out |= {
+            p + "input_layernorm.weight": (c,),
+            p + "post_attention_layernorm.weight": (c,),
+            a + "q_proj.weight": (h * d, c),
+            a + "k_proj.weight": (kv * d, c),
+            a + "v_proj.weight": (kv * d, c),
+            a + "o_proj.weight": (c, h * d),
+            p + "mlp.gate_proj.weight": (f, c),
+            p + "mlp.up_proj.weight": (f, c),
+            p + "mlp.down_proj.weight": (c, f),
+        }
+        if cfg.attention_bias:
+            out |= {a + "q_proj.bias": (h * d,), a + "k_proj.bias": (kv * d,), a + "v_proj.bias": (kv * d,)}
+    return out
+
+
+def check_shapes(cfg: LlamaConfig, weights: dict[str, torch.Tensor], where: str) -> None:
+    """Each tensor of ``weights`` has the shape ``cfg`` implies, before anything is built
+    or packed (one line naming the tensor, its shape and the expected one)."""
+    for name, want in expected_shapes(cfg).items():
+        w = weights.get(name)
+        if w is not None and tuple(w.shape) != want:
+            raise DraftwiseError(
+                f"{where}: tensor {name!r} has shape {tuple(w.shape)}, the config implies {want}"
+            )
 
 
 @dataclass
@@ -234,6 +302,8 @@ class Llama:
         # the cache as it lies instead of converting the whole prefix every layer.
         self.cache_dtype = cache_dtype or dtype
         self.n_rep = cfg.n_heads // cfg.n_kv_heads
+
+        check_shapes(cfg, weights, "checkpoint")
 
         def take(name: str) -> torch.Tensor:
             if name not in weights:

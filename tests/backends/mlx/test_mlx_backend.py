@@ -202,3 +202,21 @@ def test_hf_dir_with_rope_parameters_matches_transformers(tmp_path: Path) -> Non
         ref = model(torch.tensor([CONTEXT + [5, 6]])).logits[0, -3:].numpy()
     assert out.logits is not None
     np.testing.assert_allclose(out.logits, ref, atol=ATOL)
+
+
+def test_a_config_that_does_not_fit_its_tensors_is_one_line(tmp_path: Path) -> None:
+    """A model directory is user input: mlx-lm's strict load compares every tensor's
+    shape with the module the config builds; the mismatch is one line naming it."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    st = pytest.importorskip("safetensors.torch")
+    hf = {k: v for k, v in TINY.items() if k != "rms_norm_eps"}
+    cfg = transformers.LlamaConfig(**hf, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    st.save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+                 str(tmp_path / "model.safetensors"))
+    bad = cfg.to_dict() | {"head_dim": 2 * cfg.hidden_size // cfg.num_attention_heads}
+    (tmp_path / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(DraftwiseError, match=r"Expected shape .* but received shape .*q_proj") as e:
+        MLXBackend.from_pretrained(tmp_path, dtype="float32")
+    assert "\n" not in str(e.value)
