@@ -3,12 +3,41 @@
 #   bash scripts/test.sh            # the default run (what CI runs): every test but the
 #                                   # slower duplicates marked `full` (tests/conftest.py)
 #   bash scripts/test.sh --full     # everything, the `full` tests included
+#   bash scripts/test.sh --sanitize # the compiled kernels built with AddressSanitizer and
+#                                   # UBSan, their tests (tests/backends/cuda/cpu) run
+#                                   # under them; any finding fails the run
+#                                   # (a clean run records the kernels' hash in
+#                                   # .ci/sanitized.sha256; CI sanitizes when it differs)
+#   bash scripts/test.sh --kernel-hash  # print that hash
 #   bash scripts/test.sh -m "not slow"   # extra pytest arguments pass through
 set -euo pipefail
 cd "$(dirname "$0")/.."
-select=(-m "not full")
-if [ "${1:-}" = "--full" ]; then select=(); shift; fi
+kernel_hash() {  # the C sources and the Python that calls into them (C collation: stable)
+  (LC_ALL=C; cat draftwise/backends/cuda/cpu/csrc/* draftwise/backends/cuda/cpu/*.py) | sha256sum | cut -d' ' -f1
+}
+mode=default
+case "${1:-}" in
+  --full) mode=full; shift ;;
+  --sanitize) mode=sanitize; shift ;;
+  --kernel-hash) kernel_hash; exit 0 ;;
+esac
 bash scripts/setup.sh --test
+if [ "$mode" = sanitize ]; then
+  cc=${CC:-gcc}
+  preload="$("$cc" -print-file-name=libasan.so) $("$cc" -print-file-name=libubsan.so)"
+  export DRAFTWISE_SANITIZE=1 LD_PRELOAD="$preload"
+  export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:symbolize=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  # the instrumented build must exist: a silent fallback to torch would test nothing
+  .venv/bin/python -c "from draftwise.backends.cuda.cpu import native
+assert native.attention_lib() is not None, 'the sanitizer build of the kernels failed'
+print('sanitizer build:', ' '.join(native.build_flags()))"
+  .venv/bin/python -m pytest -q -p no:cacheprovider -m "not full" tests/backends/cuda/cpu "$@"
+  [ $# -eq 0 ] && kernel_hash > .ci/sanitized.sha256  # the whole kernel run passed
+  exit 0
+fi
+select=(-m "not full")
+[ "$mode" = full ] && select=()
 # the package layering (.importlinter): core numpy-only, rooms layered, no cycles
 .venv/bin/lint-imports
 exec .venv/bin/python -m pytest -q ${select[@]+"${select[@]}"} "$@"

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
+from draftwise.backends.cuda.cpu.bounds import check_slots, check_tensor, check_write
 from draftwise.backends.cuda.cpu.int4 import Int4Weight
 from draftwise.backends.cuda.cpu.native import INT4_TILE_BYTES
 
@@ -58,6 +59,37 @@ def _native_int4(w: object) -> bool:
         and w.packed.shape[-1] == INT4_TILE_BYTES
         and w.packed.shape[0] * 16 == w.out_features
     )
+
+
+def check_shapes(model: FusedModel) -> None:
+    """Every packed weight, norm and table has the size the config names (raises
+    ``ValueError`` naming the first that does not): ``dw_forward`` reads them by the
+    config's sizes, so a wrong ``config.json`` would read past a weight's end."""
+    cfg = model.cfg
+    h, hkv, d, c, f = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.dim, cfg.ffn_dim
+    want = {"wqkv": ((h + 2 * hkv) * d, c), "wo": (c, h * d), "w13": (2 * f, c), "w2": (c, f)}
+    for i, ly in enumerate(model.layers):
+        for name, (n, k) in want.items():
+            w = getattr(ly, name)
+            got = (w.out_features, w.in_features)
+            if got != (n, k) or w.packed.shape[:2] != (n // 16, k // 32):
+                raise ValueError(
+                    f"layer {i} {name}: weight of shape {got} (packed {tuple(w.packed.shape)}), "
+                    f"the config needs {(n, k)}"
+                )
+        for name in ("attn_norm", "mlp_norm"):
+            shape = tuple(getattr(ly, name).shape)
+            if shape != (c,):
+                raise ValueError(f"layer {i} {name} of shape {shape}, the config needs ({c},)")
+    if len(model.layers) != cfg.n_layers:
+        raise ValueError(f"{len(model.layers)} layers, the config needs {cfg.n_layers}")
+    if tuple(model.norm.shape) != (c,) or model.embed.dim() != 2 or model.embed.shape[1] != c:
+        raise ValueError(
+            f"final norm {tuple(model.norm.shape)} / embedding {tuple(model.embed.shape)} "
+            f"for hidden size {c}"
+        )
+    if model.cos.dim() != 2 or model.cos.shape[1] != d or model.sin.shape != model.cos.shape:
+        raise ValueError(f"rope tables of shape {tuple(model.cos.shape)} for head size {d}")
 
 
 class FusedForward:
@@ -103,6 +135,7 @@ class FusedForward:
             )
         ):
             return None
+        check_shapes(model)
         return cls(model, lib)
 
     def __call__(
@@ -113,15 +146,27 @@ class FusedForward:
         bfloat16: the residual after the last layer and its final norm."""
         m, cfg = self.model, self.model.cfg
         t = tokens.shape[0]
+        if tokens.dim() != 1 or positions.shape != tokens.shape:
+            raise ValueError(
+                f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)}"
+            )
+        cache = m.cache
+        if not cache.is_contiguous():
+            raise ValueError("the fused forward needs a contiguous cache")
+        check_tensor("cache", cache, torch.float32, 5)
+        want = (cfg.n_layers, 2, cfg.n_kv_heads, cache.shape[3], cfg.head_dim)
+        if tuple(cache.shape) != want:
+            raise ValueError(f"cache of shape {tuple(cache.shape)}, the model needs {want}")
+        tmax = cache.shape[3]
+        check_write(start, n_write, tmax, rows=t)
+        extra, n_extra = plan.extra, plan.n_extra
+        check_slots(extra, n_extra, t, tmax, plan.committed)
+        # (indexing raises IndexError on a token or position out of its table's range)
         x = m.embed[tokens].to(torch.bfloat16).contiguous()  # (T, C)
         cos = self._cos[positions].contiguous()  # (T, D)
         sin = self._sin[positions].contiguous()  # (T, D)
         last_x = torch.empty((t, cfg.dim), dtype=torch.bfloat16)  # (T, C)
         xn = torch.empty((t, cfg.dim), dtype=torch.bfloat16)  # (T, C)
-        cache = m.cache
-        if not cache.is_contiguous():
-            raise ValueError("the fused forward needs a contiguous cache")
-        extra, n_extra = plan.extra, plan.n_extra
         failed = self.lib.dw_forward(
             cfg.n_layers, cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
             cfg.ffn_dim, cfg.norm_eps,

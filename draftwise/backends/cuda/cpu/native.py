@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from draftwise.backends.cuda.cpu.bounds import check_slots, check_tensor
 from draftwise.core.device import cpu_flags, cpu_name
 from draftwise.core.paths import cache_dir
 from draftwise.errors import DraftwiseError
@@ -52,6 +53,11 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = tuple(CSRC / f for f in ("attention.c", "int4.c", "forward.c", "f32.c"))
 HEADERS = (CSRC / "vec.h",)  # not compiled on their own, but part of the build's key
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+# DRAFTWISE_SANITIZE=1 (scripts/test.sh --sanitize): AddressSanitizer and UBSan, any
+# finding fatal; a build of its own (the flags are part of the key). The process must
+# preload the sanitizer runtimes (the script does: LD_PRELOAD=libasan.so libubsan.so).
+SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                  "-fno-omit-frame-pointer", "-g")
 INT4_TILE_BYTES = 320  # one 16 x 32 tile of int4.c's 4-bit layout (codes, scales, mins)
 Q8_TILE_BYTES = 544  # one 16 x 32 tile of its Q8_0 layout (codes, scales)
 _lock = threading.Lock()
@@ -66,6 +72,15 @@ def _compiler() -> str | None:
     return None
 
 
+def build_flags() -> tuple[str, ...]:
+    """The compiler flags of this process's build (``DRAFTWISE_SANITIZE=1`` adds the
+    sanitizers)."""
+    choice = os.environ.get("DRAFTWISE_SANITIZE", "0")
+    if choice not in ("0", "1"):
+        raise DraftwiseError(f"DRAFTWISE_SANITIZE must be 0 or 1, got {choice!r}")
+    return FLAGS + SANITIZE_FLAGS if choice == "1" else FLAGS
+
+
 def _build(cc: str) -> Path | None:
     """Compile the kernels (once per source, flags and machine) and return the .so path."""
     try:
@@ -75,7 +90,8 @@ def _build(cc: str) -> Path | None:
     # -march=native: one build per CPU model and feature set (a shared home directory may
     # see several machines; a binary with instructions a CPU lacks would crash it)
     machine = " ".join((cpu_name(), *sorted(cpu_flags())))
-    key = hashlib.sha256(src + " ".join((cc, *FLAGS, machine)).encode())
+    flags = build_flags()
+    key = hashlib.sha256(src + " ".join((cc, *flags, machine)).encode())
     try:
         out = cache_dir() / "kernels" / f"native-{key.hexdigest()[:16]}.so"
         if out.is_file():
@@ -87,7 +103,7 @@ def _build(cc: str) -> Path | None:
         return None
     try:
         done = subprocess.run(
-            [cc, *FLAGS, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, timeout=120
+            [cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, timeout=120
         )
         if done.returncode != 0:
             return None
@@ -184,6 +200,8 @@ def f32_lib() -> ctypes.CDLL | None:
 def native_f32_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """(T, K) float32 times a packed (N / 16, K, 16) float32 weight (``f32.pack``):
     (T, N) float32."""
+    check_tensor("packed float32 weight", packed, torch.float32, 3)
+    check_tensor("x", x, x.dtype, 2, contiguous=False)
     t, k = x.shape
     tiles, kk, width = packed.shape
     if width != 16 or kk != k or x.dtype != torch.float32 or x.device.type != "cpu":
@@ -201,6 +219,8 @@ def native_f32_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> to
 def native_int4_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """(T, K) bfloat16 times a packed weight: 4-bit (N / 16, K / 32, 320) uint8 or Q8_0
     (N / 16, K / 32, 544) (see ``int4.pack_native``, ``int4.pack_q8``): (T, N) bfloat16."""
+    check_tensor("packed 4-bit weight", packed, torch.uint8, 3)
+    check_tensor("x", x, x.dtype, 2, contiguous=False)
     t, k = x.shape
     tiles, blocks, nbytes = packed.shape
     if nbytes not in (INT4_TILE_BYTES, Q8_TILE_BYTES):
@@ -229,11 +249,21 @@ def native_attention(
     T_max, D): row i sees slots ``0 .. committed-1`` then ``extra[i, :n_extra[i]]``
     ((T, E) int64, (T,) int32). Returns (T, H D) float32. Rows of ``q`` beyond
     ``extra``'s are padding and get row 0's output (as ``block_attention``)."""
-    h, t_all, d = q.shape
-    t, e = extra.shape
-    hkv, tmax = kv.shape[1], kv.shape[2]
     if kv.dtype != torch.float32 or not kv.is_contiguous() or q.device.type != "cpu":
         raise ValueError("native attention needs a contiguous float32 CPU cache")
+    check_tensor("kv", kv, torch.float32, 4)
+    check_tensor("q", q, q.dtype, 3, contiguous=False)
+    h, t_all, d = q.shape
+    if kv.shape[0] != 2 or kv.shape[3] != d:
+        raise ValueError(f"kv of shape {tuple(kv.shape)} for queries of head size {d}")
+    hkv, tmax = kv.shape[1], kv.shape[2]
+    if hkv < 1 or h % hkv:
+        raise ValueError(f"{h} query heads over {hkv} key/value heads")
+    t = extra.shape[0] if extra.dim() == 2 else -1
+    if not 0 <= t <= t_all:
+        raise ValueError(f"slot tables of {t} rows for {t_all} query rows")
+    check_slots(extra, n_extra, t, tmax, committed)
+    e = extra.shape[1]
     qs = (q[:, :t].float() * d**-0.5).transpose(0, 1).contiguous()  # (T, H, D)
     out = torch.empty((t, h, d), dtype=torch.float32)  # (T, H, D)
     failed = lib.dw_attention(

@@ -1,0 +1,95 @@
+"""Argument checks at the Python-C boundary: nothing out of range ever reaches a kernel.
+
+The compiled kernels (``csrc/``) trust their arguments: a slot index past the cache's
+``tmax`` reads or writes the next head's (or layer's) memory, silently. Every ctypes entry
+point in ``native.py`` and ``fused.py`` calls these first; a violation raises
+``ValueError`` naming the value, before C runs.
+
+Cost: the shape, dtype and contiguity checks are attribute reads (a few microseconds a
+call). The slot-range check is one small reduction over the plan's (T, E) slot table;
+the same table serves every layer and head of a step, so it is checked once per table
+object and version (``torch.Tensor._version`` changes on every in-place write; inference
+tensors have none, and the plans made under ``inference_mode`` are never written after
+they are built), not once per layer: one check per step.
+
+Example::
+
+    check_slots(extra, n_extra, rows=4, tmax=8192)      # raises on a slot >= 8192
+    check_write(start=8190, n_write=4, tmax=8192)        # raises: 8194 > 8192
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+_seen = threading.local()  # the last slot table found in range, per thread
+
+
+def check_tensor(
+    name: str, t: torch.Tensor, dtype: torch.dtype, ndim: int, contiguous: bool = True
+) -> None:
+    """``t`` is a CPU tensor of ``dtype`` with ``ndim`` dimensions (and contiguous)."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got {t.device}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def check_write(start: int, n_write: int, tmax: int, rows: int | None = None) -> None:
+    """Cache slots ``start .. start + n_write - 1`` exist (and ``n_write <= rows``)."""
+    if start < 0 or n_write < 0:
+        raise ValueError(f"cache write start={start}, n_write={n_write}: both must be >= 0")
+    if start + n_write > tmax:
+        raise ValueError(f"cache write start={start} + n_write={n_write} exceeds its {tmax} slots")
+    if rows is not None and n_write > rows:
+        raise ValueError(f"n_write={n_write} exceeds the call's {rows} rows")
+
+
+def check_slots(
+    extra: torch.Tensor, n_extra: torch.Tensor, rows: int, tmax: int, committed: int = 0
+) -> None:
+    """``extra`` (rows, E) int64 and ``n_extra`` (rows,) int32, contiguous; every count in
+    ``0..E`` and every counted slot in ``0..tmax-1``; ``committed`` in ``0..tmax``."""
+    check_tensor("extra", extra, torch.int64, 2)
+    check_tensor("n_extra", n_extra, torch.int32, 1)
+    t, e = extra.shape
+    if t != rows or n_extra.shape[0] != rows:
+        raise ValueError(
+            f"slot tables of {t} and {n_extra.shape[0]} rows for a call of {rows} rows"
+        )
+    if not 0 <= committed <= tmax:
+        raise ValueError(f"committed={committed} outside the cache's 0..{tmax} slots")
+    key = (_version(extra), _version(n_extra), tmax)
+    seen = getattr(_seen, "last", None)
+    if seen is not None and seen[0] is extra and seen[1] is n_extra and seen[2] == key:
+        return  # this table, unchanged, was checked for this cache size (another layer)
+    if t:
+        counts = n_extra.to(torch.int64)  # (T,)
+        if int(counts.min()) < 0 or int(counts.max()) > e:
+            raise ValueError(f"n_extra holds counts outside 0..{e}")
+        if e:
+            used = torch.arange(e) < counts[:, None]  # (T, E)
+            bad = used & ((extra < 0) | (extra >= tmax))
+            if bool(bad.any()):
+                i, j = (int(v) for v in bad.nonzero()[0])
+                raise ValueError(
+                    f"slot extra[{i}, {j}] = {int(extra[i, j])} outside the cache's 0..{tmax - 1}"
+                )
+    _seen.last = (extra, n_extra, key)  # holds them: their ids cannot be reused meanwhile
+
+
+def _version(t: torch.Tensor) -> int:
+    """The in-place write counter; -1 for inference tensors, which have none (the plans
+    built under ``torch.inference_mode`` are made per step and never written after)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
