@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from draftwise.backends.cuda.cpu.bounds import check_slots, check_tensor, check_write
 from draftwise.backends.cuda.cpu.native import native_int4_mm
 
 if TYPE_CHECKING:
@@ -103,6 +104,11 @@ def eager_forward(
     scale = torch.tensor(1.0, dtype=F32) / _sqrt(torch.tensor(float(d), dtype=F32))
     x = m.embed[tokens].to(torch.bfloat16).to(F32)  # (T, C) residual
     extra, n_extra = plan.extra, plan.n_extra
+    check_tensor("cache", m.cache, F32, 5)  # dw_attention below reads it by these sizes
+    if tuple(m.cache.shape[2:]) != (hkv, m.cache.shape[3], d):
+        raise ValueError(f"cache of shape {tuple(m.cache.shape)} for {hkv} heads of size {d}")
+    check_write(start, n_write, m.cache.shape[3], rows=t)
+    check_slots(extra, n_extra, t, m.cache.shape[3], plan.committed)
     for li, layer in enumerate(m.layers):
         kv = m.cache[li]  # (2, H_kv, T_max, D)
         hn = _rms_norm(x, fused._norms[0][li], cfg.norm_eps)

@@ -240,3 +240,17 @@ def test_random_out_of_range_slots_never_reach_c():
         else:
             native.native_attention(lib, q, kv, 0, extra, n)
     assert 0 < len(lib.calls) < 200
+
+
+def test_the_eager_replay_checks_its_write_and_slots_before_c():
+    from draftwise.backends.cuda.cpu.fused_eager import eager_forward
+
+    lib = Recorder()
+    f = fused_stub(lib)
+    f.model.layers = []  # the checks come before the first layer
+    tokens, pos = torch.tensor([1, 2]), torch.tensor([60, 61])
+    with pytest.raises(ValueError, match="start=63 \\+ n_write=2 exceeds its 64 slots"):
+        eager_forward(f, tokens, pos, 63, plan(2, 60, [[60], [60, 61]]), 2)
+    with pytest.raises(ValueError, match="outside the cache's 0..63"):
+        eager_forward(f, tokens, pos, 60, plan(2, 60, [[60], [99]]), 2)
+    assert lib.calls == []
