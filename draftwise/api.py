@@ -176,10 +176,13 @@ def load(
     backend: str = "auto",
     dtype: str | None = None,
     invariant: bool | str = "auto",
+    download: bool = True,
 ) -> Model:
-    """Load a model: ``None`` for the embedded default, a local HF-format directory, or a
-    GGUF file (converted once into the cache). ``backend``: auto, torch, cuda or mlx."""
-    model_dir = resolve_model(model)
+    """Load a model: ``None`` for the embedded default, a local HF-format directory, a
+    GGUF file (converted once into the cache), or a Hugging Face Hub name ``ORG/NAME``
+    (the hub cache first; downloaded unless ``download=False`` or ``HF_HUB_OFFLINE=1``).
+    ``backend``: auto, torch, cuda or mlx."""
+    model_dir = resolve_model(model, download=download)
     if dtype is None and resolve_backend_name(backend) == "torch":
         dtype, invariant = _recorded_torch_mode(invariant, model_dir)
     be = make_backend(backend, model_dir, dtype, invariant)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -99,6 +100,8 @@ def run_app(main_fn: Callable[[argparse.Namespace], int | None], args: argparse.
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "no_download", False):
+        os.environ["HF_HUB_OFFLINE"] = "1"  # every load of this run, hub cache only (models/hub.py)
     return run_app(args._module.main, args)
 
 

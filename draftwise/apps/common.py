@@ -17,7 +17,10 @@ DRAFT_MODEL_DRAFTERS = ("draft", "card")  # the drafters --draft-model applies t
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="local HF-format model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+                   help="local HF-format model directory, .gguf file, or Hugging Face Hub name ORG/NAME "
+                   "(the hub cache first, else downloaded; default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--no-download", action="store_true",
+                   help="never download a hub model: use the local hub cache only (as HF_HUB_OFFLINE=1)")
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="compute backend (default: auto)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "4bit", "8bit"],
                    help="weights/compute dtype (default: the device's fastest lossless mode: torch on a CPU "

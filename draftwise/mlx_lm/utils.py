@@ -46,8 +46,8 @@ def load(
         raise DraftwiseError(f"adapter_path={adapter_path!r}: LoRA adapters are not supported yet")
     if revision is not None:
         raise DraftwiseError(
-            f"revision={revision!r}: draftwise does not download models; "
-            "give a local directory or .gguf file"
+            f"revision={revision!r} is not supported: a hub name loads its main revision "
+            "(or give a local directory or .gguf file)"
         )
     if model_config:
         raise DraftwiseError(f"model_config={dict(model_config)!r} is not supported")

@@ -1,7 +1,8 @@
 """Turn what the user typed for ``--model`` into a local HF-format model directory.
 
-Models are never downloaded: the argument is the default model, a local directory with
-``config.json``, or a local ``.gguf`` file (converted once into the cache).
+The argument is the default model, a local directory with ``config.json``, a local
+``.gguf`` file (converted once into the cache), or a Hugging Face Hub name ``ORG/NAME``
+(the hub cache first; a download only where allowed: ``hub.py``).
 
 Example::
 
@@ -21,18 +22,23 @@ from typing import Any
 from draftwise.errors import DraftwiseError
 from draftwise.models.convert import Progress, convert_gguf
 from draftwise.models.default import ensure_default_model
+from draftwise.models.hub import is_hub_name, resolve_hub
 
 #: Names that select the embedded default model.
 DEFAULT_MODEL_ALIASES = frozenset({"default", "smollm2"})
 
-_HINT = "give a local HF-format model directory or a .gguf file; models are not downloaded"
+_HINT = "give a local HF-format model directory, a .gguf file or a Hugging Face Hub name ORG/NAME"
 
 
-def resolve_model(model: str | os.PathLike[str] | None, progress: Progress | None = None) -> Path:
+def resolve_model(
+    model: str | os.PathLike[str] | None, progress: Progress | None = None, download: bool = True
+) -> Path:
     """Return the HF-format directory for ``model``, converting a GGUF file if needed.
 
     ``None``, ``"default"`` or ``"smollm2"`` give the embedded default model; an existing
-    directory must hold ``config.json``; an existing ``.gguf`` file is converted once.
+    directory must hold ``config.json``; an existing ``.gguf`` file is converted once; any
+    other ``ORG/NAME`` is a Hugging Face Hub name (``hub.resolve_hub``: the hub cache, or
+    a download unless ``download`` is False or ``HF_HUB_OFFLINE`` is set).
 
     Example::
 
@@ -42,7 +48,7 @@ def resolve_model(model: str | os.PathLike[str] | None, progress: Progress | Non
         ...     resolve_model("/x/y")
         ... except DraftwiseError as exc:
         ...     print(exc)  # doctest: +ELLIPSIS
-        model not found: '/x/y' (give a local HF-format model directory or a .gguf file; ...)
+        model not found: '/x/y' (give a local HF-format model directory, a .gguf file or ...)
     """
     if model is None or (isinstance(model, str) and model.strip().lower() in DEFAULT_MODEL_ALIASES):
         return ensure_default_model(progress)
@@ -57,6 +63,8 @@ def resolve_model(model: str | os.PathLike[str] | None, progress: Progress | Non
         if path.suffix.lower() == ".gguf":
             return convert_gguf(path, progress)
         raise DraftwiseError(f"not a model: '{path}' ({_HINT})")
+    if isinstance(model, str) and is_hub_name(model):
+        return resolve_hub(model, download)
     raise DraftwiseError(f"model not found: '{os.fspath(model)}' ({_HINT})")
 
 

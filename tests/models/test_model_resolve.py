@@ -43,7 +43,7 @@ def test_existing_model_dir(tmp_path: Path) -> None:
 
 
 def test_missing_path() -> None:
-    with pytest.raises(DraftwiseError, match=r"^model not found: '/x/y' \(.*not downloaded\)$"):
+    with pytest.raises(DraftwiseError, match=r"^model not found: '/x/y' \(.*Hugging Face Hub name ORG/NAME\)$"):
         resolve_model("/x/y")
 
 
