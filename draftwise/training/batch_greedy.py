@@ -83,7 +83,8 @@ def _forward(
     for li, layer in enumerate(model.layers):
         hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)
         qkv = linear(hn, layer.wqkv, layer.bqkv)  # (B', T, (H + 2 H_kv) D)
-        qk = model._rope(qkv[..., : (h + hkv) * d].view(b, t, h + hkv, d), cos, sin)
+        qk = qkv[..., : (h + hkv) * d].view(b, t, h + hkv, d)  # (B', T, H + H_kv, D)
+        qk = model._rope(model.qk_norm(layer, qk), cos, sin)
         q = qk[:, :, :h]  # (B', T, H, D)
         kv = st.kv[li, :, rows]  # (2, B', H_kv, S, D)
         kv[0, :, :, start : start + t] = qk[:, :, h:].transpose(1, 2)

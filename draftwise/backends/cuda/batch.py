@@ -109,7 +109,7 @@ class BatchMixin:
                 hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)
                 qkv = linear(hn, layer.wqkv, layer.bqkv)  # (k t, (H + 2 H_kv) D)
                 qk = qkv[:, : (h + hkv) * dd].view(k, t, h + hkv, dd)
-                qk = model._rope(qk, cos, sin)  # (k, t, H + H_kv, D)
+                qk = model._rope(model.qk_norm(layer, qk), cos, sin)  # (k, t, H + H_kv, D)
                 q = qk[:, :, :h].view(k, t, hkv, rep, dd).permute(2, 0, 3, 1, 4)  # (H_kv, k, rep, t, D)
                 q = q.reshape(hkv, k, rep * t, dd)
                 kv_new[li, 0] = qk[:, :, h:].permute(2, 0, 1, 3)  # (H_kv, k, t, D)

@@ -38,7 +38,9 @@ from draftwise.backends.cuda.invariant import Plan, plan_attention
 from draftwise.backends.gguf_q4 import HEAD, Q4, FourBit, dequantize
 from draftwise.errors import DraftwiseError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# families with a per-head RMSNorm on q and k before RoPE (weights q_norm, k_norm: (D,))
+QK_NORM_TYPES = ("qwen3",)
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 
@@ -61,6 +63,7 @@ class LlamaConfig:
     max_positions: int
     attention_bias: bool
     tie_embeddings: bool
+    qk_norm: bool = False  # qwen3: RMSNorm over each head's q and k before RoPE
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> LlamaConfig:
@@ -105,6 +108,7 @@ class LlamaConfig:
             max_positions=max_positions,
             attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qk_norm=model_type in QK_NORM_TYPES,
         )
 
 
@@ -161,6 +165,8 @@ def expected_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
         }
         if cfg.attention_bias:
             out |= {a + "q_proj.bias": (h * d,), a + "k_proj.bias": (kv * d,), a + "v_proj.bias": (kv * d,)}
+        if cfg.qk_norm:
+            out |= {a + "q_norm.weight": (d,), a + "k_norm.weight": (d,)}
     return out
 
 
@@ -188,6 +194,8 @@ class Layer:
     mlp_norm: torch.Tensor  # (C,)
     w13: Weight  # (2 F, C): gate rows, then up rows
     w2: Weight  # (C, F)
+    q_norm: torch.Tensor | None = None  # (D,) qwen3's per-head norm of q, before RoPE
+    k_norm: torch.Tensor | None = None  # (D,) and of k
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
@@ -364,6 +372,8 @@ class Llama:
                         mlp_norm=take(p + "post_attention_layernorm.weight"),
                         w13=lin(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                         w2=lin(p + "mlp.down_proj.weight"),
+                        q_norm=take(a + "q_norm.weight") if cfg.qk_norm else None,
+                        k_norm=take(a + "k_norm.weight") if cfg.qk_norm else None,
                     )
                 )
             self.norm = take("model.norm.weight")  # (C,)
@@ -407,6 +417,16 @@ class Llama:
         cfg = read_llama_config(model_dir)
         weights = read_weights(Path(model_dir))
         return cls(cfg, weights, dtype, device, max_cache_len, cache_dtype, q4)
+
+    def qk_norm(self, layer: Layer, qk: torch.Tensor) -> torch.Tensor:
+        """qwen3's per-head RMSNorm of q and k (before RoPE); ``qk`` (..., H + H_kv, D).
+        The identity for families without it."""
+        if layer.q_norm is None or layer.k_norm is None:
+            return qk
+        h, eps = self.cfg.n_heads, self.cfg.norm_eps
+        q = rms_norm(qk[..., :h, :], layer.q_norm, eps)  # (..., H, D)
+        k = rms_norm(qk[..., h:, :], layer.k_norm, eps)  # (..., H_kv, D)
+        return torch.cat([q, k], dim=-2)  # (..., H + H_kv, D)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: (T, H, D); cos/sin: (T, 1, D). rotate_half convention, as in transformers.
@@ -457,7 +477,7 @@ class Llama:
             hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)  # (T, C)
             qkv = linear(hn, layer.wqkv, layer.bqkv)  # (T, (H + 2 H_kv) D)
             qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # (T, H + H_kv, D)
-            qk = self._rope(qk, cos, sin)  # (T, H + H_kv, D): one RoPE for q and k
+            qk = self._rope(self.qk_norm(layer, qk), cos, sin)  # (T, H + H_kv, D): one RoPE
             q = qk[:, :h].transpose(0, 1)  # (H, T, D)
             k = qk[:, h:].transpose(0, 1)  # (H_kv, T, D)
             v = qkv[:, (h + hkv) * d :].view(t, hkv, d).transpose(0, 1)  # (H_kv, T, D)

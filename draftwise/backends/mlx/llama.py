@@ -40,7 +40,7 @@ Mask = mx.array | str | None
 
 
 class Llama:
-    """An mlx-lm llama/mistral/qwen2 module plus a KV cache; batch size 1."""
+    """An mlx-lm llama/mistral/qwen2/qwen3 module plus a KV cache; batch size 1."""
 
     def __init__(self, module: nn.Module, cfg: dict[str, Any], max_cache_len: int) -> None:
         self.module = module
@@ -74,9 +74,15 @@ class Llama:
                 store[li] = mx.concatenate([arr, pad], axis=2)  # (1, H_kv, new, D)
         self.alloc = new
 
-    def _rope(self, rope: nn.Module, x: mx.array, positions: int | mx.array, h: int) -> mx.array:
-        """x: (1, T, h D) projections -> (1, h, T, D) rotated at ``positions``."""
+    def _rope(
+        self, rope: nn.Module, x: mx.array, positions: int | mx.array, h: int,
+        norm: nn.Module | None = None,
+    ) -> mx.array:
+        """x: (1, T, h D) projections -> (1, h, T, D) rotated at ``positions``; ``norm``
+        (qwen3's q_norm / k_norm): an RMSNorm over each head's D values first."""
         t = x.shape[1]
+        if norm is not None:
+            x = norm(x.reshape(1, t, h, self.head_dim)).reshape(1, t, h * self.head_dim)
         if isinstance(positions, int):  # contiguous rows from ``positions``
             x = x.reshape(1, t, h, self.head_dim).transpose(0, 2, 1, 3)  # (1, h, T, D)
             return rope(x, offset=positions)
@@ -111,8 +117,9 @@ class Llama:
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             hn = layer.input_layernorm(x)  # (1, T, C)
-            q = self._rope(attn.rope, attn.q_proj(hn), positions, h)  # (1, H, T, D)
-            k = self._rope(attn.rope, attn.k_proj(hn), positions, hkv)  # (1, H_kv, T, D)
+            qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)  # qwen3
+            q = self._rope(attn.rope, attn.q_proj(hn), positions, h, qn)  # (1, H, T, D)
+            k = self._rope(attn.rope, attn.k_proj(hn), positions, hkv, kn)  # (1, H_kv, T, D)
             v = attn.v_proj(hn).reshape(1, t, hkv, self.head_dim).transpose(0, 2, 1, 3)
             self.keys[li][:, :, start : start + w, :] = k[:, :, :w]
             self.values[li][:, :, start : start + w, :] = v[:, :, :w]

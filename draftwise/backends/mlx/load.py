@@ -22,7 +22,7 @@ import mlx.nn as nn
 
 from draftwise.errors import DraftwiseError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 QUANT_BITS = {"4bit": 4, "8bit": 8}
 DTYPES = (*FLOAT_DTYPES, *QUANT_BITS)

@@ -48,6 +48,9 @@ def _save_tiny(path: Path, variant: str) -> tuple[Path, object]:
     if variant == "qwen2":
         cfg = transformers.Qwen2Config(**TINY, tie_word_embeddings=False)
         model = transformers.Qwen2ForCausalLM(cfg)
+    elif variant == "qwen3":  # per-head q/k norms; head_dim 24, not hidden / heads = 16
+        cfg = transformers.Qwen3Config(**TINY, head_dim=24, tie_word_embeddings=False)
+        model = transformers.Qwen3ForCausalLM(cfg)
     else:
         extra: dict = {"tie_word_embeddings": variant == "tied"}
         if variant == "llama3":
@@ -68,7 +71,7 @@ def _save_tiny(path: Path, variant: str) -> tuple[Path, object]:
     return path, model
 
 
-@pytest.fixture(params=["llama", "tied", "qwen2", "llama3"])
+@pytest.fixture(params=["llama", "tied", "qwen2", "llama3", "qwen3"])
 def tiny(request, tmp_path):
     """(model_dir, reference transformers model) for each supported variant."""
     return _save_tiny(tmp_path / request.param, request.param)

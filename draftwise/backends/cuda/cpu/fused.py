@@ -128,6 +128,7 @@ class FusedForward:
             or cfg.dim % 16  # the norms' 16-lane sums (forward.c)
             or cfg.ffn_dim % 16
             or any(ly.bqkv is not None for ly in model.layers)
+            or any(getattr(ly, "q_norm", None) is not None for ly in model.layers)  # qwen3
             or not all(
                 _native_int4(getattr(ly, name))
                 for ly in model.layers

@@ -1,0 +1,130 @@
+"""The model families people run, end to end on both backends: a small random
+checkpoint of each family's transformers config (the default model's tokenizer, no
+download) gives transformers' greedy ``generate`` token for token with ``none``, ``auto``,
+``redrafter`` (a random network) and ``draft`` (early exit); seeded T = 0.8 equals
+``none``; in the bf16 invariant mode a row alone equals the same row inside a tree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from draftwise.core.tree import DraftTree  # noqa: E402
+from tests.invariance import plain_logits, tree_with_path  # noqa: E402
+
+pytestmark = pytest.mark.torch
+SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512)
+TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+N = 24
+
+
+def family_config(family: str, vocab: int):
+    if family == "llama3":
+        return transformers.LlamaConfig(**SIZES, vocab_size=vocab, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    if family == "qwen2":
+        return transformers.Qwen2Config(**SIZES, vocab_size=vocab, tie_word_embeddings=False)
+    if family == "qwen3":
+        return transformers.Qwen3Config(**SIZES, vocab_size=vocab, head_dim=24, tie_word_embeddings=True)
+    if family == "mistral":
+        return transformers.MistralConfig(**SIZES, vocab_size=vocab, sliding_window=None)
+    raise AssertionError(family)
+
+
+def save_family(family: str, out: Path, default_model_dir: Path):
+    """A random checkpoint of ``family``, widened so that its greedy text varies."""
+    vocab = json.loads((default_model_dir / "config.json").read_text())["vocab_size"]
+    cfg = family_config(family, vocab)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    out.mkdir(parents=True)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    safetensors_torch.save_file(sd, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(cfg.to_dict()))
+    for name in TOKENIZER:
+        if (default_model_dir / name).exists():
+            (out / name).write_bytes((default_model_dir / name).read_bytes())
+    return out, model
+
+
+@pytest.fixture(scope="module", params=["llama3", "qwen2", "qwen3", "mistral"])
+def family(request, default_model_dir, tmp_path_factory):
+    return request.param, *save_family(request.param, tmp_path_factory.mktemp(request.param) / "model",
+                                       default_model_dir)
+
+
+def random_redrafter(model, out: Path) -> Path:
+    from draftwise.backends.cuda.redrafter.checkpoint import save_redrafter, weights_fingerprint
+    from draftwise.backends.cuda.redrafter.net import ReDrafterNet
+    from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig
+
+    embed = model.backend.model.embed
+    torch.manual_seed(1)
+    cfg = ReDrafterConfig(int(embed.shape[1]), int(embed.shape[0]), 1024, 1,
+                          model.drafting.tokenizer_id, weights_fingerprint(embed), context_dim=16)
+    return save_redrafter(ReDrafterNet(cfg, embed.float(), torch.arange(1024)), out)
+
+
+def ids_of(model, prompt, drafter, **kw) -> list[int]:
+    import draftwise
+
+    last = None
+    for r in draftwise.stream_generate(model, prompt, drafter=drafter, max_tokens=N,
+                                       chat_template=False, **kw):
+        last = r
+    return list(last.token_ids)
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_greedy_equals_transformers_generate_with_every_drafter(family, backend, tmp_path):
+    import draftwise
+
+    if backend == "mlx":
+        pytest.importorskip("mlx_lm")
+    name, model_dir, ref = family
+    prompt = list(np.random.default_rng(0).integers(100, 20000, 12))
+    with torch.no_grad():
+        want = ref.generate(torch.tensor([prompt]), max_new_tokens=N, do_sample=False,
+                            pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+    model = draftwise.load(model_dir, backend=backend, dtype="float32")
+    ckpt = random_redrafter(draftwise.load(model_dir, backend="torch", dtype="float32"),
+                            tmp_path / "redrafter")
+    for drafter in ("none", "auto", f"redrafter:bw=2,t=3,path={ckpt}", "draft:layers=1"):
+        got = ids_of(model, prompt, drafter)
+        n = len(got)  # an end-of-text token of the tokenizer may stop draftwise early
+        assert n and got == want[:n], f"{name} {backend} {drafter}: {got} != {want[:n]}"
+    hot = ids_of(model, prompt, "none", temp=0.8, seed=3)
+    for drafter in ("auto", f"redrafter:bw=2,t=3,path={ckpt}"):
+        assert ids_of(model, prompt, drafter, temp=0.8, seed=3) == hot, f"{name} {backend} {drafter}"
+
+
+def test_bf16_invariant_row_alone_equals_the_row_in_a_tree(family):
+    from draftwise.backends.cuda import TorchBackend
+
+    name, model_dir, _ = family
+    be = TorchBackend.from_pretrained(model_dir, dtype="bfloat16", device="cpu", invariant=True)
+    rng = np.random.default_rng(4)
+    ctx = rng.integers(100, 20000, 40)
+    path = [int(t) for t in rng.integers(100, 20000, 3)]
+    be.prefill(ctx[:-1])
+    alone = plain_logits(be, ctx, path)
+    tree, rows = tree_with_path(rng, path, 9, 20000)
+    out = be.verify(int(ctx[-1]), tree, need_logits=True)
+    assert out.logits is not None
+    for i, row in enumerate(rows):
+        assert np.array_equal(out.logits[row], alone[i]), f"{name}: row {row} differs"
+    assert be.verify(int(ctx[-1]), DraftTree.empty(), need_logits=True).logits is not None
