@@ -37,6 +37,11 @@ def family_config(family: str, vocab: int):
         return transformers.Qwen3Config(**SIZES, vocab_size=vocab, head_dim=24, tie_word_embeddings=True)
     if family == "mistral":
         return transformers.MistralConfig(**SIZES, vocab_size=vocab, sliding_window=None)
+    if family == "phi3":  # qkv_proj and gate_up_proj, as Phi-3-mini-4k
+        return transformers.Phi3Config(**SIZES, vocab_size=vocab, pad_token_id=0)
+    if family == "llama-linear":  # linear RoPE scaling
+        return transformers.LlamaConfig(**SIZES, vocab_size=vocab, rope_parameters={
+            "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
     raise AssertionError(family)
 
 
@@ -61,7 +66,7 @@ def save_family(family: str, out: Path, default_model_dir: Path):
     return out, model
 
 
-@pytest.fixture(scope="module", params=["llama3", "qwen2", "qwen3", "mistral"])
+@pytest.fixture(scope="module", params=["llama3", "qwen2", "qwen3", "mistral", "phi3", "llama-linear"])
 def family(request, default_model_dir, tmp_path_factory):
     return request.param, *save_family(request.param, tmp_path_factory.mktemp(request.param) / "model",
                                        default_model_dir)
@@ -128,3 +133,23 @@ def test_bf16_invariant_row_alone_equals_the_row_in_a_tree(family):
     for i, row in enumerate(rows):
         assert np.array_equal(out.logits[row], alone[i]), f"{name}: row {row} differs"
     assert be.verify(int(ctx[-1]), DraftTree.empty(), need_logits=True).logits is not None
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_logits_match_transformers(family, backend):
+    """float32 logits of a prefill and a 6-token chain verify against transformers' own
+    forward: the discriminating check (random models' greedy text repeats a lot)."""
+    name, model_dir, ref = family
+    if backend == "mlx":
+        pytest.importorskip("mlx_lm")
+        from draftwise.backends.mlx import MLXBackend as Backend
+    else:
+        from draftwise.backends.cuda import TorchBackend as Backend
+    ids = np.random.default_rng(5).integers(100, 20000, 30)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids.tolist()])).logits[0].numpy()  # (30, V)
+    be = Backend.from_pretrained(model_dir, dtype="float32")
+    be.prefill(ids[:23])
+    out = be.verify(int(ids[23]), DraftTree.chain(ids[24:30].tolist()), need_logits=True)
+    assert out.logits is not None
+    np.testing.assert_allclose(out.logits, want[23:30], atol=2e-4, err_msg=f"{name} {backend}")

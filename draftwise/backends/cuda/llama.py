@@ -38,10 +38,13 @@ from draftwise.backends.cuda.invariant import Plan, plan_attention
 from draftwise.backends.gguf_q4 import HEAD, Q4, FourBit, dequantize
 from draftwise.errors import DraftwiseError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 # families with a per-head RMSNorm on q and k before RoPE (weights q_norm, k_norm: (D,))
 QK_NORM_TYPES = ("qwen3",)
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+# families that store q/k/v as one qkv_proj and gate/up as one gate_up_proj (the fused
+# layout this forward uses anyway: read as they are, gate rows before up rows)
+FUSED_PROJ_TYPES = ("phi3",)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class LlamaConfig:
     attention_bias: bool
     tie_embeddings: bool
     qk_norm: bool = False  # qwen3: RMSNorm over each head's q and k before RoPE
+    fused_proj: bool = False  # phi3: qkv_proj and gate_up_proj in the checkpoint
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> LlamaConfig:
@@ -82,6 +86,11 @@ class LlamaConfig:
             raise DraftwiseError(
                 f"unsupported rope type {rope_type!r} "
                 f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+            )
+        partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+        if partial != 1.0:
+            raise DraftwiseError(
+                f"partial_rotary_factor {partial} is not supported yet (RoPE over the whole head only)"
             )
         max_positions = int(cfg.get("max_position_embeddings", 2048))
         # Sliding-window attention equals full attention while the sequence fits in the
@@ -109,6 +118,7 @@ class LlamaConfig:
             attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qk_norm=model_type in QK_NORM_TYPES,
+            fused_proj=model_type in FUSED_PROJ_TYPES,
         )
 
 
@@ -155,14 +165,19 @@ def expected_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
         out |= {
             p + "input_layernorm.weight": (c,),
             p + "post_attention_layernorm.weight": (c,),
-            a + "q_proj.weight": (h * d, c),
-            a + "k_proj.weight": (kv * d, c),
-            a + "v_proj.weight": (kv * d, c),
             a + "o_proj.weight": (c, h * d),
-            p + "mlp.gate_proj.weight": (f, c),
-            p + "mlp.up_proj.weight": (f, c),
             p + "mlp.down_proj.weight": (c, f),
         }
+        if cfg.fused_proj:
+            out |= {a + "qkv_proj.weight": ((h + 2 * kv) * d, c), p + "mlp.gate_up_proj.weight": (2 * f, c)}
+        else:
+            out |= {
+                a + "q_proj.weight": (h * d, c),
+                a + "k_proj.weight": (kv * d, c),
+                a + "v_proj.weight": (kv * d, c),
+                p + "mlp.gate_proj.weight": (f, c),
+                p + "mlp.up_proj.weight": (f, c),
+            }
         if cfg.attention_bias:
             out |= {a + "q_proj.bias": (h * d,), a + "k_proj.bias": (kv * d,), a + "v_proj.bias": (kv * d,)}
         if cfg.qk_norm:
@@ -202,6 +217,11 @@ def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     """(D/2,) float32 inverse frequencies, as transformers computes them."""
     d = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if cfg.rope_type == "linear":
+        factor = cfg.rope_params.get("factor")
+        if not isinstance(factor, (int, float)) or factor <= 0:
+            raise DraftwiseError(f"linear rope scaling needs a positive factor, got {factor!r}")
+        inv = inv / factor
     if cfg.rope_type == "llama3":
         p = cfg.rope_params
         try:
@@ -360,17 +380,23 @@ class Llama:
             for i in range(cfg.n_layers):
                 p = f"model.layers.{i}."
                 a = p + "self_attn."
+                if cfg.fused_proj:  # phi3: already one matrix each
+                    qkv_names = (a + "qkv_proj.weight",)
+                    w13_names = (p + "mlp.gate_up_proj.weight",)
+                else:
+                    qkv_names = (a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+                    w13_names = (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
                 bias = None
                 if cfg.attention_bias:
                     bias = fuse(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias")
                 self.layers.append(
                     Layer(
                         attn_norm=take(p + "input_layernorm.weight"),
-                        wqkv=lin(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
+                        wqkv=lin(*qkv_names),
                         bqkv=bias,
                         wo=lin(a + "o_proj.weight"),
                         mlp_norm=take(p + "post_attention_layernorm.weight"),
-                        w13=lin(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                        w13=lin(*w13_names),
                         w2=lin(p + "mlp.down_proj.weight"),
                         q_norm=take(a + "q_norm.weight") if cfg.qk_norm else None,
                         k_norm=take(a + "k_norm.weight") if cfg.qk_norm else None,

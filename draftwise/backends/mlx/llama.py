@@ -40,7 +40,7 @@ Mask = mx.array | str | None
 
 
 class Llama:
-    """An mlx-lm llama/mistral/qwen2/qwen3 module plus a KV cache; batch size 1."""
+    """An mlx-lm llama/mistral/qwen2/qwen3/phi3 module plus a KV cache; batch size 1."""
 
     def __init__(self, module: nn.Module, cfg: dict[str, Any], max_cache_len: int) -> None:
         self.module = module
@@ -118,9 +118,14 @@ class Llama:
             attn = layer.self_attn
             hn = layer.input_layernorm(x)  # (1, T, C)
             qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)  # qwen3
-            q = self._rope(attn.rope, attn.q_proj(hn), positions, h, qn)  # (1, H, T, D)
-            k = self._rope(attn.rope, attn.k_proj(hn), positions, hkv, kn)  # (1, H_kv, T, D)
-            v = attn.v_proj(hn).reshape(1, t, hkv, self.head_dim).transpose(0, 2, 1, 3)
+            if hasattr(attn, "qkv_proj"):  # phi3: one projection, q then k then v
+                qkv = attn.qkv_proj(hn)  # (1, T, (H + 2 H_kv) D)
+                qp, kp, vp = mx.split(qkv, [h * self.head_dim, (h + hkv) * self.head_dim], axis=-1)
+            else:
+                qp, kp, vp = attn.q_proj(hn), attn.k_proj(hn), attn.v_proj(hn)
+            q = self._rope(attn.rope, qp, positions, h, qn)  # (1, H, T, D)
+            k = self._rope(attn.rope, kp, positions, hkv, kn)  # (1, H_kv, T, D)
+            v = vp.reshape(1, t, hkv, self.head_dim).transpose(0, 2, 1, 3)  # (1, H_kv, T, D)
             self.keys[li][:, :, start : start + w, :] = k[:, :, :w]
             self.values[li][:, :, start : start + w, :] = v[:, :, :w]
             if plan is not None:

@@ -22,7 +22,7 @@ import mlx.nn as nn
 
 from draftwise.errors import DraftwiseError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 QUANT_BITS = {"4bit": 4, "8bit": 8}
 DTYPES = (*FLOAT_DTYPES, *QUANT_BITS)
@@ -54,6 +54,15 @@ def read_config(model_dir: Path) -> dict[str, Any]:
             f"unsupported model_type {model_type!r} for the mlx backend "
             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "llama3", "linear"):
+        raise DraftwiseError(f"unsupported rope type {rope_type!r} (supported: default, llama3, linear)")
+    partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    if partial != 1.0:
+        raise DraftwiseError(
+            f"partial_rotary_factor {partial} is not supported yet (RoPE over the whole head only)"
+        )
     return cfg
 
 
@@ -72,6 +81,7 @@ def config_overrides(cfg: dict[str, Any]) -> dict[str, Any]:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if cfg.get("rope_scaling") is None and rope_type != "default":
             out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+            out["rope_scaling"].setdefault("type", rope_type)  # the key some modules read
     return out
 
 
