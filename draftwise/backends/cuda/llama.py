@@ -162,22 +162,18 @@ def expected_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     }
     for i in range(cfg.n_layers):
         p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
-        out |= {
-            p + "input_layernorm.weight": (c,),
-            p + "post_attention_layernorm.weight": (c,),
-            a + "o_proj.weight": (c, h * d),
-            p + "mlp.down_proj.weight": (c, f),
-        }
-        if cfg.fused_proj:
-            out |= {a + "qkv_proj.weight": ((h + 2 * kv) * d, c), p + "mlp.gate_up_proj.weight": (2 * f, c)}
+        out |= {p + "input_layernorm.weight": (c,), p + "post_attention_layernorm.weight": (c,)}
+        if cfg.fused_proj:  # in the order the forward reads them: q, k, v, o, mlp
+            out |= {a + "qkv_proj.weight": ((h + 2 * kv) * d, c)}
         else:
-            out |= {
-                a + "q_proj.weight": (h * d, c),
-                a + "k_proj.weight": (kv * d, c),
-                a + "v_proj.weight": (kv * d, c),
-                p + "mlp.gate_proj.weight": (f, c),
-                p + "mlp.up_proj.weight": (f, c),
-            }
+            out |= {a + "q_proj.weight": (h * d, c), a + "k_proj.weight": (kv * d, c),
+                    a + "v_proj.weight": (kv * d, c)}
+        out |= {a + "o_proj.weight": (c, h * d)}
+        if cfg.fused_proj:
+            out |= {p + "mlp.gate_up_proj.weight": (2 * f, c)}
+        else:
+            out |= {p + "mlp.gate_proj.weight": (f, c), p + "mlp.up_proj.weight": (f, c)}
+        out |= {p + "mlp.down_proj.weight": (c, f)}
         if cfg.attention_bias:
             out |= {a + "q_proj.bias": (h * d,), a + "k_proj.bias": (kv * d,), a + "v_proj.bias": (kv * d,)}
         if cfg.qk_norm:
