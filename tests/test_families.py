@@ -153,3 +153,30 @@ def test_logits_match_transformers(family, backend):
     out = be.verify(int(ids[23]), DraftTree.chain(ids[24:30].tolist()), need_logits=True)
     assert out.logits is not None
     np.testing.assert_allclose(out.logits, want[23:30], atol=2e-4, err_msg=f"{name} {backend}")
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_an_mlx_quantized_checkpoint_loads_on_both_backends(bits, default_model_dir, tmp_path, capfd):
+    """mlx-community style: MLX runs it as it is; torch dequantises it (saying so in one
+    line) and computes the same logits; on each, ``auto`` equals ``none``."""
+    pytest.importorskip("mlx_lm")
+    import draftwise
+    from mlx_lm import convert
+
+    from draftwise.backends.cuda import TorchBackend
+    from draftwise.backends.mlx import MLXBackend
+
+    hf, _ = save_family("qwen2", tmp_path / "hf", default_model_dir)
+    q = tmp_path / f"q{bits}"
+    convert(str(hf), mlx_path=str(q), quantize=True, q_bits=bits, q_group_size=64)
+    ids = np.random.default_rng(6).integers(100, 20000, 20)
+    logits = []
+    for be in (MLXBackend.from_pretrained(q, dtype=f"{bits}bit"), TorchBackend.from_pretrained(q, dtype="float32")):
+        be.prefill(ids[:15])
+        out = be.verify(int(ids[15]), DraftTree.chain(ids[16:20].tolist()), need_logits=True)
+        logits.append(out.logits)
+    assert "is MLX-quantized" in capfd.readouterr().err
+    np.testing.assert_allclose(logits[1], logits[0], atol=2e-3)
+    for backend, dtype in (("mlx", f"{bits}bit"), ("torch", "float32")):
+        model = draftwise.load(q, backend=backend, dtype=dtype)
+        assert ids_of(model, ids.tolist(), "auto") == ids_of(model, ids.tolist(), "none")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,6 +299,44 @@ def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for f in files:
         out.update(load_file(str(f)))  # to CPU first: the fused copies happen on device
+    quant = json.loads((model_dir / "config.json").read_text()).get("quantization")
+    if isinstance(quant, dict) and any(k.endswith(".scales") for k in out):
+        bits, group = int(quant.get("bits", 0)), int(quant.get("group_size", 0))
+        print(f"draftwise: {model_dir.name} is MLX-quantized ({bits}-bit): dequantising its "
+              "weights for the torch backend", file=sys.stderr)
+        out = dequantize_mlx(out, bits, group)
+    return out
+
+
+def dequantize_mlx(weights: dict[str, torch.Tensor], bits: int, group: int) -> dict[str, torch.Tensor]:
+    """MLX's affine quantization undone: each ``W`` stored as uint32 words of ``bits``-bit
+    codes (lowest bits first) with ``scales`` and ``biases`` per ``group`` inputs becomes
+    ``codes * scale + bias`` in float32 (mlx.core.dequantize).
+
+    Example::
+
+        w = dequantize_mlx({"a.weight": packed, "a.scales": s, "a.biases": b}, 4, 64)["a.weight"]
+    """
+    if bits not in (2, 4, 8) or group < 1:
+        raise DraftwiseError(
+            f"MLX {bits}-bit weights in groups of {group} are not supported on torch (2, 4 and 8 bits are)"
+        )
+    out = dict(weights)
+    per = 32 // bits
+    for name in [k for k in weights if k.endswith(".scales")]:
+        base = name[: -len(".scales")]
+        packed = out.pop(base + ".weight")  # (N, K / per) uint32
+        scales = out.pop(name).float()  # (N, K / group)
+        biases = out.pop(base + ".biases").float()  # (N, K / group)
+        words = packed.to(torch.int64) & 0xFFFFFFFF  # (N, K / per)
+        shifts = torch.arange(per, dtype=torch.int64) * bits  # (per,)
+        codes = (words[..., None] >> shifts) & ((1 << bits) - 1)  # (N, K / per, per)
+        codes = codes.reshape(packed.shape[0], -1).float()  # (N, K)
+        k = codes.shape[1]
+        if scales.shape[-1] * group != k:
+            raise DraftwiseError(f"MLX-quantized {base}: {k} inputs, {scales.shape[-1]} groups of {group}")
+        w = codes.view(-1, k // group, group) * scales[..., None] + biases[..., None]  # (N, K/g, g)
+        out[base + ".weight"] = w.reshape(packed.shape[0], k)  # (N, K) float32
     return out
 
 
