@@ -160,9 +160,9 @@ def test_an_mlx_quantized_checkpoint_loads_on_both_backends(bits, default_model_
     """mlx-community style: MLX runs it as it is; torch dequantises it (saying so in one
     line) and computes the same logits; on each, ``auto`` equals ``none``."""
     pytest.importorskip("mlx_lm")
-    import draftwise
     from mlx_lm import convert
 
+    import draftwise
     from draftwise.backends.cuda import TorchBackend
     from draftwise.backends.mlx import MLXBackend
 
