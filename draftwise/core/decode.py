@@ -29,6 +29,7 @@ from draftwise.core.batch import BatchDrafter, BatchVerifier, accept_batch, chec
 from draftwise.core.drafters.base import Drafter, PathAware
 from draftwise.core.prefixes import Prefixes, Snapshots
 from draftwise.core.sampling import SamplingParams, next_token, recent_windows
+from draftwise.core.threads import ThreadTunable, ThreadTuner
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
 
@@ -102,6 +103,8 @@ class Decoder:
         self.prefixes: Prefixes | None = None
         self.prefix_key: object = None
         self._owner: object = None  # the key whose generation filled the live cache
+        # the kernels' thread count, re-chosen from the steps' own timings (threads.py)
+        self.threads: ThreadTuner | None = None
 
     def reset(self) -> None:
         self.backend.reset()
@@ -171,6 +174,7 @@ class Decoder:
             # auto: the sampling path's cost curve. Before the prefill: measuring it on
             # first use drives (and resets) the backend.
             drafter.plan_for(params.needs_logits)
+        self._tune_threads()
         self._prefill(prompt)
         drafter.begin(prompt)
         batched = self._use_batch(drafter, params)  # fixed for the generation
@@ -178,6 +182,9 @@ class Decoder:
             while True:
                 room = limit - self.backend.cache_len - 1  # rows left after the root
                 cap = max(0, min(budget, room, max_tokens - emitted - 1))
+                threads = self.threads.current() if self.threads is not None else None
+                if threads is not None:
+                    self.backend.set_kernel_threads(threads)  # type: ignore[attr-defined]
                 t0 = time.perf_counter()
                 if batched:
                     drafts = check_drafts(drafter.propose_batch(seq[:n], cap))  # type: ignore[attr-defined]
@@ -195,6 +202,8 @@ class Decoder:
                     new = [int(t) for t in tree.tokens[path]] + [bonus]
                     n_acc, n_drafted = len(path), len(tree)
                 t2 = time.perf_counter()
+                if threads is not None:
+                    self.threads.record(threads, n_drafted + 1, (t2 - t1) * 1e3)  # type: ignore[union-attr]
                 cut = len(new)
                 finish = None
                 for i, tok in enumerate(new):
@@ -212,12 +221,23 @@ class Decoder:
                 if finish is not None:
                     return
         finally:
+            if self.threads is not None:  # what else runs in this thread gets torch's count
+                self.backend.set_kernel_threads(None)  # type: ignore[attr-defined]
             # the cache may hold rows past what was emitted (truncation, early stop)
             keep = min(self.backend.cache_len, n - 1)
             self.backend.trim(keep)
             self.cached = seq[:keep].tolist()
             if self.prefixes is not None and isinstance(self.backend, Snapshots) and keep:
                 self.prefixes.put(self.prefix_key, self.cached, self.backend.save_prefix(keep))
+
+    def _tune_threads(self) -> None:
+        """A tuner for the backend's thread counts as they are now (a caller may have
+        changed torch's count since: then its choice starts afresh)."""
+        counts = self.backend.thread_counts if isinstance(self.backend, ThreadTunable) else ()
+        if len(counts) < 2:
+            self.threads = None
+        elif self.threads is None or self.threads.counts != tuple(dict.fromkeys(counts)):
+            self.threads = ThreadTuner(counts)
 
     def _use_batch(self, drafter: Drafter, params: SamplingParams) -> bool:
         """The batched path: greedy decoding, a drafter with a (k, w) matrix, a backend

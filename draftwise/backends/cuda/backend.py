@@ -16,6 +16,8 @@ Example::
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import numpy as np
@@ -112,11 +114,42 @@ class TorchBackend(CacheBook, BatchMixin):
         # The invariant mode's attention: one compiled C call per layer where a C compiler
         # is at hand (CPU, float32 cache), else the torch ops of block_attention; chosen
         # once, so plain and tree steps always share one arithmetic.
+        self._torch_threads: int | None = None  # torch's count while a step sets its own
         self._native = None
         if invariant and self.device.type == "cpu" and model.cache_dtype == torch.float32:
             from draftwise.backends.cuda.cpu.native import attention_lib
 
             self._native = attention_lib()
+
+    @property
+    def thread_counts(self) -> tuple[int, ...]:
+        """Kernel thread counts worth trying (``core/threads.py``): torch's count and one
+        where a step is the compiled kernels' work (the fused 4bit forward, whose rows have
+        the same bits at any count); none elsewhere or with ``DRAFTWISE_ADAPT_THREADS=0``."""
+        if self.device.type != "cpu" or getattr(self.model, "fused", None) is None:
+            return ()
+        if os.environ.get("DRAFTWISE_ADAPT_THREADS", "1") == "0":
+            return ()
+        n = self._torch_threads or torch.get_num_threads()
+        return (n, 1) if n > 1 else ()
+
+    def set_kernel_threads(self, n: int | None) -> None:
+        """Threads of a step's work (None: back to torch's own count): the compiled
+        kernels' count in the calling thread, and torch's for the few ops around them
+        (gathers and the argmax: exact at any count). Two OpenMP runtimes (torch's and
+        the kernels') each spinning on a busy core is what made steps slow."""
+        from draftwise.backends.cuda.cpu.native import set_kernel_threads
+
+        if n is None:
+            if self._torch_threads is not None:
+                torch.set_num_threads(self._torch_threads)
+                self._torch_threads = None
+        else:
+            if self._torch_threads is None:
+                self._torch_threads = torch.get_num_threads()
+            if torch.get_num_threads() != n:
+                torch.set_num_threads(n)
+        set_kernel_threads(n)
 
     def device_info(self) -> DeviceInfo:
         """The device, dtype, mode and thread count this backend computes with."""

@@ -26,7 +26,7 @@ import torch
 
 from draftwise.backends.cuda.cpu.bounds import check_slots, check_tensor, check_write
 from draftwise.backends.cuda.cpu.int4 import Int4Weight
-from draftwise.backends.cuda.cpu.native import INT4_TILE_BYTES
+from draftwise.backends.cuda.cpu.native import INT4_TILE_BYTES, kernel_threads
 
 
 class NativePlan(Protocol):
@@ -175,7 +175,7 @@ class FusedForward:
             *self._w, *self._nw, self._final.data_ptr(),
             cache.data_ptr(), cache.stride(0), cache.shape[3], start, n_write,
             plan.committed, extra.data_ptr(), n_extra.data_ptr(), extra.shape[1],
-            last_x.data_ptr(), xn.data_ptr(), torch.get_num_threads(),
+            last_x.data_ptr(), xn.data_ptr(), kernel_threads(),
         )  # fmt: skip
         if failed:
             raise MemoryError("the fused forward could not allocate its buffers")

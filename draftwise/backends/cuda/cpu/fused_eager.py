@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftwise.backends.cuda.cpu.bounds import check_slots, check_tensor, check_write
-from draftwise.backends.cuda.cpu.native import native_int4_mm
+from draftwise.backends.cuda.cpu.native import kernel_threads, native_int4_mm
 
 if TYPE_CHECKING:
     from draftwise.backends.cuda.cpu.fused import FusedForward, NativePlan
@@ -123,7 +123,7 @@ def eager_forward(
         if lib.dw_attention(
             q.data_ptr(), kv.data_ptr(), kv.shape[2], h, hkv, d, plan.committed,
             extra.data_ptr(), n_extra.data_ptr(), t, extra.shape[1], o.data_ptr(),
-            torch.get_num_threads(),
+            kernel_threads(),
         ):  # fmt: skip
             raise MemoryError("native attention could not allocate its buffers")
         a = native_int4_mm(lib, o.view(t, h * d).to(torch.bfloat16), layer.wo.packed)

@@ -61,8 +61,24 @@ SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all",
 INT4_TILE_BYTES = 320  # one 16 x 32 tile of int4.c's 4-bit layout (codes, scales, mins)
 Q8_TILE_BYTES = 544  # one 16 x 32 tile of its Q8_0 layout (codes, scales)
 _lock = threading.Lock()
+_threads = threading.local()  # the calling thread's kernel thread count (kernel_threads)
 _lib: ctypes.CDLL | None = None
 _tried = False
+
+
+def kernel_threads() -> int:
+    """Threads the compiled kernels run with in the calling Python thread: what
+    ``set_kernel_threads`` chose there, else torch's count. Every kernel gives a row the
+    same bits at any count (tests/backends/cuda/cpu), so this changes speed only."""
+    n = getattr(_threads, "n", None)
+    return n if n is not None else torch.get_num_threads()
+
+
+def set_kernel_threads(n: int | None) -> None:
+    """The calling thread's kernel thread count (None: torch's again)."""
+    if n is not None and n < 1:
+        raise ValueError(f"kernel threads must be >= 1, got {n}")
+    _threads.n = n
 
 
 def _compiler() -> str | None:
@@ -212,7 +228,7 @@ def native_f32_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> to
     y = torch.empty((t, tiles * 16), dtype=torch.float32)  # (T, N)
     if t:
         lib.dw_f32_mm(x.data_ptr(), t, k, packed.data_ptr(), tiles * 16, y.data_ptr(),
-                      torch.get_num_threads())
+                      kernel_threads())
     return y
 
 
@@ -231,7 +247,7 @@ def native_int4_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> t
     x = x.contiguous()
     y = torch.empty((t, tiles * 16), dtype=torch.bfloat16)  # (T, N)
     if t and fn(
-        x.data_ptr(), t, k, packed.data_ptr(), tiles * 16, y.data_ptr(), torch.get_num_threads()
+        x.data_ptr(), t, k, packed.data_ptr(), tiles * 16, y.data_ptr(), kernel_threads()
     ):
         raise MemoryError("native int4 could not allocate its block sums")
     return y
@@ -268,7 +284,7 @@ def native_attention(
     out = torch.empty((t, h, d), dtype=torch.float32)  # (T, H, D)
     failed = lib.dw_attention(
         qs.data_ptr(), kv.data_ptr(), tmax, h, hkv, d, committed, extra.data_ptr(),
-        n_extra.data_ptr(), t, e, out.data_ptr(), torch.get_num_threads(),
+        n_extra.data_ptr(), t, e, out.data_ptr(), kernel_threads(),
     )
     if failed:
         raise MemoryError("native attention could not allocate its score buffer")
