@@ -17,7 +17,6 @@ Example::
 from __future__ import annotations
 
 import os
-
 from pathlib import Path
 
 import numpy as np
