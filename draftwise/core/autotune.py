@@ -124,6 +124,10 @@ class AutoDrafter:
         # (full tree, root index, its acceptance cells) awaiting the tokens that judge it
         self._pending: deque[tuple[DraftTree, int, tuple[np.ndarray, ...]]] = deque()
 
+    def observe_verify(self, rows: int, context_len: int, ms: float) -> None:
+        """A verify's measured time corrects the curve in use (``CostModel.observe``)."""
+        self.cost.observe(rows, context_len, ms)
+
     def plan_for(self, sampling: bool) -> None:
         """Plan with the cost curve of the verify path in use (called by the decoder)."""
         if not sampling or self._sampling_cost is None:

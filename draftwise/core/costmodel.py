@@ -2,11 +2,24 @@
 
 ``draftwise tune`` measures it (``core.costprofile``); the auto drafter plans with it.
 
+The stored curve is a prior: ``observe`` takes each verify's measured time (the decoder
+times every step anyway) and keeps, per row count of the curve, the running median of
+measured / predicted over the last ``WINDOW`` steps; the curve planned with is the prior
+scaled by those medians (a row count not seen yet takes its nearest seen neighbour's),
+made non-decreasing in rows. A curve measured on a busy machine (8 rows "cheaper" than
+1) is thereby corrected within a few steps of each size, and ``drifted`` says when live
+timings disagree with the stored curve by more than ``DRIFT`` (``Assets`` then replaces
+the stored file with ``corrected()``).
+
 Example::
 
     >>> cm = CostModel(rows=[1, 16], ms=[10.0, 25.0])
     >>> float(cm.cost(8, context_len=100))
     17.0
+    >>> for _ in range(5):
+    ...     cm.observe(1, 100, 20.0)                       # one row costs twice the prior
+    >>> float(cm.cost(1, context_len=100)), float(cm.cost(16, context_len=100))
+    (20.0, 50.0)
 """
 
 from __future__ import annotations
@@ -14,6 +27,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,8 +37,15 @@ from draftwise.core.atomic import atomic_file
 from draftwise.errors import DraftwiseError
 
 
+WINDOW = 15  # recent steps per row count whose median corrects the prior
+MIN_SEEN = 5  # steps of a row count before its correction applies
+DRIFT = 2.0  # live / stored beyond this (or below its inverse): the stored curve is stale
+NOISE = 0.8  # a stored curve may dip by this factor with more rows (noise), no further
+
+
 class CostModel:
-    """Verify latency in ms for ``rows`` rows, per context length (piecewise linear)."""
+    """Verify latency in ms for ``rows`` rows, per context length (piecewise linear),
+    corrected online by ``observe``."""
 
     def __init__(
         self,
@@ -42,11 +63,66 @@ class CostModel:
         self._dense: np.ndarray | None = None  # (C, R') cost at 1..R' rows, made on demand
         if self.rows.size < 2 or np.any(np.diff(self.rows) <= 0) or np.any(self.ms <= 0):
             raise DraftwiseError("a cost curve needs >= 2 increasing row counts and positive times")
+        self.prior = self.ms  # (C, R) as stored or measured
+        self._ratios = [deque(maxlen=WINDOW) for _ in range(self.rows.size)]  # per row count
+        self._scale = np.ones(self.rows.size)  # (R,) measured / prior, per row count
+
+    def plausible(self) -> bool:
+        """Whether the curve could be a quiet machine's: never much cheaper with more
+        rows (a profile measured while the machine was busy often is).
+
+        Example::
+
+            >>> CostModel(rows=[1, 8, 16], ms=[40.0, 30.1, 55.9]).plausible()
+            False
+        """
+        return bool(np.all(self.prior[:, 1:] >= NOISE * np.maximum.accumulate(self.prior, axis=1)[:, :-1]))
+
+    def observe(self, rows: int, context_len: int, ms: float) -> None:
+        """One verify of ``rows`` rows at ``context_len`` took ``ms``: update the
+        correction of the nearest row count of the curve."""
+        if rows < 1 or not ms > 0:
+            return
+        j = int(np.argmin(np.abs(np.log(self.rows) - np.log(rows))))  # nearest, in log rows
+        predicted = float(self._blend(self._curves_of(self.prior, np.asarray(float(rows))), context_len))
+        self._ratios[j].append(ms / predicted)
+        seen = [i for i, q in enumerate(self._ratios) if len(q) >= MIN_SEEN]
+        if not seen:
+            return
+        for i in range(self.rows.size):
+            near = min(seen, key=lambda k: (abs(k - i), k))
+            self._scale[i] = float(np.median(self._ratios[near]))
+        # corrected, then non-decreasing in rows: more rows never cost less
+        self.ms = np.maximum.accumulate(self.prior * self._scale[None, :], axis=1)
+        self._dense = None
+
+    @property
+    def drifted(self) -> bool:
+        """Live timings disagree with the stored curve by more than ``DRIFT`` at some
+        row count seen ``MIN_SEEN`` times, or the stored curve is implausible."""
+        seen = [i for i, q in enumerate(self._ratios) if len(q) >= MIN_SEEN]
+        far = any(not 1 / DRIFT <= self._scale[i] <= DRIFT for i in seen)
+        return far or (bool(seen) and not self.plausible())
+
+    def rebase(self) -> None:
+        """Take the corrected curve as the prior (after ``corrected()`` was stored)."""
+        self.prior = self.ms.copy()
+        for q in self._ratios:
+            q.clear()
+        self._scale = np.ones(self.rows.size)
+
+    def corrected(self) -> CostModel:
+        """The curve as planned with now, as a new prior (what replaces a stale file)."""
+        meta = {**self.meta, "corrected": "online, from live verify timings"}
+        return CostModel(self.rows.astype(int).tolist(), self.ms.tolist(), self.contexts.astype(int).tolist(), meta)
 
     def _curves(self, r: np.ndarray) -> np.ndarray:
         """(C, ...) latency of ``r`` rows on each context's curve (linear past the end)."""
+        return self._curves_of(self.ms, r)
+
+    def _curves_of(self, table: np.ndarray, r: np.ndarray) -> np.ndarray:
         per_ctx = []
-        for curve in self.ms:
+        for curve in table:
             slope = (curve[-1] - curve[-2]) / (self.rows[-1] - self.rows[-2])
             inside = np.interp(r, self.rows, curve)
             per_ctx.append(np.where(r > self.rows[-1], curve[-1] + slope * (r - self.rows[-1]), inside))
@@ -84,7 +160,7 @@ class CostModel:
 
     def to_json(self) -> dict[str, object]:
         return {"version": 1, "rows": self.rows.astype(int).tolist(), "contexts":
-                self.contexts.astype(int).tolist(), "ms": self.ms.tolist(), "meta": self.meta}
+                self.contexts.astype(int).tolist(), "ms": self.prior.tolist(), "meta": self.meta}
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically (temp file + rename)."""

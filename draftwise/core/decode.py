@@ -26,7 +26,7 @@ import numpy as np
 from draftwise.core.acceptance import accept, accept_greedy
 from draftwise.core.backend import Backend, SamplingVerifier
 from draftwise.core.batch import BatchDrafter, BatchVerifier, accept_batch, check_drafts
-from draftwise.core.drafters.base import Drafter, PathAware
+from draftwise.core.drafters.base import CostObserver, Drafter, PathAware
 from draftwise.core.prefixes import Prefixes, Snapshots
 from draftwise.core.sampling import SamplingParams, next_token, recent_windows
 from draftwise.core.threads import ThreadTunable, ThreadTuner
@@ -202,6 +202,8 @@ class Decoder:
                     new = [int(t) for t in tree.tokens[path]] + [bonus]
                     n_acc, n_drafted = len(path), len(tree)
                 t2 = time.perf_counter()
+                if not batched and isinstance(drafter, CostObserver):  # auto: costs learnt live
+                    drafter.observe_verify(n_drafted + 1, n - 1, (t2 - t1) * 1e3)
                 if threads is not None:
                     self.threads.record(threads, n_drafted + 1, (t2 - t1) * 1e3)  # type: ignore[union-attr]
                 cut = len(new)

@@ -70,6 +70,7 @@ class Assets:
         self.on_backend_reset = on_backend_reset  # profiling empties the KV cache
         self._root = root
         self._costs: dict[bool, CostModel] = {}  # by sampling path (True: with logits)
+        self._stored: set[bool] = set()  # paths whose curve is a file (replace_drifted)
         self._bigram: BigramTable | None = None
         self._frozen: FrozenTable | None | bool = False  # False: not looked up yet
 
@@ -119,6 +120,7 @@ class Assets:
                 self.on_backend_reset()
         cost.save(self.profile_path(sampling))
         self._costs[sampling] = cost
+        self._stored.add(sampling)
         return cost
 
     def cost_profile(self, quiet: bool = False, reps: int = 3, sampling: bool = False) -> CostModel:
@@ -128,8 +130,15 @@ class Assets:
         path = self.profile_path(sampling)
         if path.is_file():
             try:
-                self._costs[sampling] = CostModel.load(path)
-                return self._costs[sampling]
+                cost = CostModel.load(path)
+                if not cost.plausible():  # measured while the machine was busy, say
+                    raise DraftwiseError(
+                        f"cost profile '{path}' costs less for more rows "
+                        f"({', '.join(f'{x:.1f}' for x in cost.prior[0])} ms)"
+                    )
+                self._costs[sampling] = cost
+                self._stored.add(sampling)
+                return cost
             except DraftwiseError as exc:
                 if not quiet:
                     print(f"draftwise: {exc}; measuring again", file=sys.stderr)
@@ -138,11 +147,26 @@ class Assets:
             reps=reps, quiet=quiet, time_budget_s=FIRST_USE_BUDGET_S, sampling=sampling
         )
 
+    def replace_drifted(self) -> list[Path]:
+        """Store, in place of a stored profile, the curve live timings corrected, where
+        they disagree with it by more than ``costmodel.DRIFT`` (or it was implausible);
+        returns the files replaced. Called after each generation."""
+        replaced = []
+        for sampling, cost in self._costs.items():
+            if sampling in self._stored and cost.drifted:  # never a curve given by the caller
+                fixed = cost.corrected()
+                path = self.profile_path(sampling)
+                fixed.save(path)
+                cost.rebase()  # the stored curve is now the prior: drift counts from here
+                replaced.append(path)
+        return replaced
+
     def use_cost_profile(self, cost: CostModel, sampling: bool | None = None) -> None:
         """Plan with ``cost`` instead of measuring (replays, tests); ``None``: for both
         the greedy and the sampling path."""
         for kind in (False, True) if sampling is None else (sampling,):
             self._costs[kind] = cost
+            self._stored.discard(kind)  # the caller's curve: learnt from, never written
 
     # ----- draft model forward cost -------------------------------------------------------
     def draft_profile_path(self, draft_key: str) -> Path:

@@ -49,6 +49,15 @@ class PathAware(Protocol):
 
 
 @runtime_checkable
+class CostObserver(Protocol):
+    """A drafter that plans with a verify cost curve and learns it from live timings:
+    the decoder reports every tree verify (``rows`` including the root, the cache length
+    before it, its milliseconds)."""
+
+    def observe_verify(self, rows: int, context_len: int, ms: float) -> None: ...
+
+
+@runtime_checkable
 class Closeable(Protocol):
     """A drafter that holds something to release (CARD's worker thread)."""
 

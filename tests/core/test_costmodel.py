@@ -1,0 +1,113 @@
+"""Costs learnt online: the stored curve is a prior that live verify timings correct
+(a running median per row count, robust to outliers); an implausible stored curve is
+measured again and a drifted one replaced (``Assets``); the planner follows the
+corrected curve."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from draftwise.core.autotune import AcceptanceModel, AutoDrafter, choose_subtree
+from draftwise.core.costmodel import CostModel
+from draftwise.core.drafters.cacheback import Cacheback
+from draftwise.core.tree import DraftTree
+
+ROWS = [1, 2, 4, 8, 16]
+BUSY = [40.1, 54.0, 54.8, 30.1, 55.9]  # a profile stored while the machine was loaded
+TRUE = [2.8, 3.0, 3.9, 6.3, 12.4]  # the Zen 5 4bit curve
+
+
+def live(rng: np.random.Generator, rows: int) -> float:
+    """A verify's time on the true curve: 5% noise, and now and then a 10x outlier."""
+    ms = float(np.interp(rows, ROWS, TRUE)) * rng.normal(1.0, 0.05)
+    return ms * 10 if rng.random() < 0.08 else ms
+
+
+def test_a_wrong_prior_converges_to_the_true_costs():
+    cm = CostModel(ROWS, BUSY, contexts=[256])
+    assert not cm.plausible()
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        for r in ROWS:
+            cm.observe(r, 256, live(rng, r))
+    got = cm.cost(np.array(ROWS), 256)
+    np.testing.assert_allclose(got, TRUE, rtol=0.15)
+    assert np.all(np.diff(cm.cost(np.arange(1, 40), 256)) >= 0)  # more rows never cheaper
+    assert cm.drifted
+
+
+def test_unseen_row_counts_take_their_neighbours_correction():
+    cm = CostModel(ROWS, BUSY, contexts=[256])
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        cm.observe(1, 256, live(rng, 1))  # only plain steps seen so far
+    assert float(cm.cost(1, 256)) == pytest.approx(2.8, rel=0.1)
+    assert float(cm.cost(8, 256)) >= float(cm.cost(4, 256)) >= float(cm.cost(1, 256))
+    assert float(cm.cost(8, 256)) < 30.1  # scaled down with row 1's correction, monotone
+
+
+def test_the_planner_follows_the_corrected_curve():
+    """With the busy prior wide trees look free (8 rows cheaper than 1); after live
+    timings the same acceptance keeps far fewer nodes."""
+    tree = DraftTree.from_paths([[i, j] for i in range(1, 5) for j in range(1, 4)])
+    acc = AcceptanceModel(prior=(1.0, 1.0))
+    cm = CostModel(ROWS, BUSY, contexts=[256])
+    before = len(choose_subtree(tree, acc, cm, context_len=256))
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        for r in ROWS:
+            cm.observe(r, 256, live(rng, r))
+    after = len(choose_subtree(tree, acc, cm, context_len=256))
+    assert before >= 7 and after < before
+
+
+def test_the_decoder_reports_every_verify_to_auto():
+    from draftwise.core.decode import Decoder
+    from draftwise.core.sampling import SamplingParams
+    from tests.fakes import FakeBackend
+
+    cm = CostModel(ROWS, TRUE)
+    auto = AutoDrafter([Cacheback()], cm)
+    steps = list(Decoder(FakeBackend(vocab_size=8)).steps([1, 2, 3, 1, 2, 3], auto, SamplingParams(), 30))
+    assert sum(len(q) for q in cm._ratios) == len(steps)
+
+
+def test_an_implausible_stored_profile_is_measured_again(tmp_path, capsys):
+    from draftwise.drafting import Assets
+    from tests.fakes import FakeBackend
+
+    assets = Assets(FakeBackend(vocab_size=128, context_limit=512), tmp_path / "m", "tok",
+                    root=tmp_path / "cache")
+    path = assets.profile_path()
+    CostModel(ROWS, BUSY).save(path)
+    cost = assets.cost_profile(reps=1)
+    assert cost.plausible() and CostModel.load(path).plausible()
+    assert "costs less for more rows" in capsys.readouterr().err
+
+
+def test_a_drifted_profile_is_replaced_and_a_given_one_never_written(tmp_path):
+    from draftwise.drafting import Assets
+    from tests.fakes import FakeBackend
+
+    assets = Assets(FakeBackend(vocab_size=128, context_limit=512), tmp_path / "m", "tok",
+                    root=tmp_path / "cache")
+    path = assets.profile_path()
+    CostModel(ROWS, [x * 3 for x in TRUE]).save(path)  # plausible, but 3x too slow
+    cost = assets.cost_profile()
+    assert assets.replace_drifted() == []  # nothing seen yet
+    rng = np.random.default_rng(3)
+    for _ in range(6):
+        cost.observe(1, 100, live(rng, 1))
+    assert assets.replace_drifted() == [path]
+    stored = json.loads(path.read_text())
+    assert stored["ms"][0][0] == pytest.approx(2.8, rel=0.1) and "corrected" in stored["meta"]
+    assert not cost.drifted and assets.replace_drifted() == []  # drift counts from the new file
+    given = CostModel(ROWS, [x * 3 for x in TRUE])
+    assets.use_cost_profile(given)
+    for _ in range(6):
+        given.observe(1, 100, live(rng, 1))
+    before = path.read_text()
+    assert given.drifted and assets.replace_drifted() == [] and path.read_text() == before
