@@ -36,7 +36,6 @@ import numpy as np
 from draftwise.core.atomic import atomic_file
 from draftwise.errors import DraftwiseError
 
-
 WINDOW = 15  # recent steps per row count whose median corrects the prior
 MIN_SEEN = 5  # steps of a row count before its correction applies
 DRIFT = 2.0  # live / stored beyond this (or below its inverse): the stored curve is stale
