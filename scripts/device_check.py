@@ -1,0 +1,396 @@
+"""The GPU check of issue 39 as one command: what a lent H100/H200 session runs first.
+
+Models with random weights of real shapes are built on the device in bfloat16 from their
+published configs (no download, nothing read from ``../shared``, which does not travel);
+prompts are token ids, the tokenizer a word-level stand-in made at run time. Sections,
+each timed and caught on its own (a failing one is reported, the rest still run):
+
+1. the machine: GPU, driver, torch and CUDA versions;
+2. ``pytest -m cuda`` (the tests that need a GPU; they skip without one);
+3. the verify cost curve: ms per step at 1..64 rows at context 512, per shape, and the
+   bandwidth floor (weight bytes over the device copy bandwidth measured here);
+4. plain decoding: draftwise ``none`` against transformers' ``generate`` (eager, and
+   with ``cache_implementation="static"``) on the same weights, tokens/s;
+5. identity on the GPU: ``cacheback``, ``ssd``, ``auto``, ``redrafter`` (a random
+   network), ``draft`` (early exit) and ``card`` greedy equal ``none``; seeded T = 0.8
+   equal ``none``.
+
+A short table is printed last; ``device_check.json`` and ``device_check.md`` go to
+``$OUT`` (or ``--out``) when set.
+
+Example::
+
+    python scripts/device_check.py                         # on the GPU machine
+    python scripts/device_check.py --device cpu --tiny     # the CPU smoke test (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the device machine runs the working tree, not an install
+
+# published sizes (their config.json; the same as ../shared/model-shapes.json, which a
+# test compares), plus a tiny shape for the CPU smoke test
+SHAPES: dict[str, dict[str, Any]] = {
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                         rope_theta=100000.0, tie_word_embeddings=True),
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                         vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True,
+                         rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                           high_freq_factor=4.0,
+                                           original_max_position_embeddings=8192)),
+    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                         rope_theta=500000.0, tie_word_embeddings=False,
+                         rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                           high_freq_factor=4.0,
+                                           original_max_position_embeddings=8192)),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                 rope_theta=10000.0, tie_word_embeddings=True),
+}
+COMMON = dict(model_type="llama", rms_norm_eps=1e-5, max_position_embeddings=131072,
+              bos_token_id=None, eos_token_id=None, pad_token_id=None)
+DRAFTERS = ("cacheback", "ssd", "auto", "redrafter", "draft:layers=4", "card:layers=4")
+
+
+def config_of(shape: str) -> dict[str, Any]:
+    return {**COMMON, **SHAPES[shape]}
+
+
+class Check:
+    """Runs the sections, keeps their results and the table rows."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+
+        self.args = args
+        self.device = torch.device(args.device)
+        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.results: dict[str, Any] = {"args": vars(args)}
+        self.rows: list[tuple[str, str]] = []
+
+    def section(self, name: str, fn: Callable[[], Any]) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.results[name] = fn()
+            status = "ok"
+        except Exception as exc:  # one section's failure must not hide the others
+            self.results[name] = {"error": f"{type(exc).__name__}: {exc}",
+                                  "trace": traceback.format_exc(limit=6)}
+            status = f"FAILED: {type(exc).__name__}: {str(exc)[:160]}"
+        secs = time.perf_counter() - t0
+        self.results.setdefault("seconds", {})[name] = round(secs, 1)
+        print(f"[{name}] {status} ({secs:.1f} s)", flush=True)
+        if status != "ok":
+            self.rows.append((name, status))
+
+    # ----- models ----------------------------------------------------------------------
+    def build(self, shape: str, ctx: int, with_hf: bool = False) -> tuple[Any, Any]:
+        """(TorchBackend, transformers model or None) on the same random weights."""
+        import torch
+        import transformers
+
+        from draftwise.backends.cuda import TorchBackend
+        from draftwise.backends.cuda.llama import Llama, LlamaConfig
+
+        cfg = config_of(shape)
+        hf_cfg = transformers.LlamaConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
+        torch.manual_seed(0)
+        with torch.device(self.device):
+            hf = transformers.LlamaForCausalLM(hf_cfg).to(self.dtype).eval()
+        weights = {k: v.detach() for k, v in hf.state_dict().items()}
+        if cfg["tie_word_embeddings"]:
+            weights.pop("lm_head.weight", None)
+        model = Llama(LlamaConfig.from_dict(cfg), weights, self.dtype, self.device, ctx)
+        backend = TorchBackend(model, ctx, invariant=False)
+        if not with_hf:
+            del hf
+            return backend, None
+        return backend, hf
+
+    def sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    # ----- sections ----------------------------------------------------------------------
+    def machine(self) -> dict[str, Any]:
+        import torch
+
+        out: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                               "cuda": torch.version.cuda, "device": str(self.device)}
+        if self.device.type == "cuda":
+            out["gpu"] = torch.cuda.get_device_name(self.device)
+            props = torch.cuda.get_device_properties(self.device)
+            out["memory_gib"] = round(props.total_memory / 2**30, 1)
+            out["sms"] = props.multi_processor_count
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30)
+            out["driver"] = smi.stdout.strip()
+        else:
+            out["cpu"] = platform.processor() or platform.machine()
+        self.rows.append(("machine", f"{out.get('gpu', out.get('cpu'))}, torch {out['torch']}, "
+                                     f"CUDA {out['cuda']}, driver {out.get('driver', '-')}"))
+        return out
+
+    def cuda_tests(self) -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p",
+                               "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=self.args.pytest_timeout)
+        tail = done.stdout.strip().splitlines()[-1:] or [""]
+        self.rows.append(("pytest -m cuda", f"exit {done.returncode}: {tail[0]}"))
+        if done.returncode not in (0, 5):
+            raise RuntimeError(f"pytest -m cuda exit {done.returncode}: {done.stdout[-2000:]}")
+        return {"exit": done.returncode, "summary": tail[0]}
+
+    def curves(self) -> dict[str, Any]:
+        import torch
+
+        from draftwise.core.costprofile import measure_cost_curve
+
+        out: dict[str, Any] = {}
+        bw = self.copy_bandwidth()
+        out["copy_GBps"] = round(bw / 1e9, 1)
+        for shape in self.args.shapes:
+            be, _ = self.build(shape, self.args.context + 128)
+            weight_bytes = sum(t.numel() * t.element_size() for t in self.tensors(be.model))
+            cost = measure_cost_curve(be, rows=self.args.rows, contexts=(self.args.context,),
+                                      reps=self.args.reps)
+            ms = [round(float(x), 3) for x in cost.ms[0]]
+            floor = weight_bytes / bw * 1e3
+            out[shape] = {"rows": list(self.args.rows), "ms": ms, "weight_GB": round(weight_bytes / 1e9, 2),
+                          "floor_ms": round(floor, 3), "graphs": "not built yet (eager)"}
+            self.rows.append((f"curve {shape}", " / ".join(f"{m:.2f}" for m in ms)
+                              + f" ms at {','.join(map(str, self.args.rows))} rows; floor {floor:.2f} ms"))
+            del be
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        return out
+
+    def tensors(self, model: Any) -> list[Any]:
+        """Every weight tensor a step reads (the bandwidth floor's bytes)."""
+        import torch
+
+        seen, out = set(), []
+        for layer in model.layers:
+            for v in vars(layer).values():
+                t = getattr(v, "packed", v)
+                if isinstance(t, torch.Tensor) and id(t) not in seen:
+                    seen.add(id(t))
+                    out.append(t)
+        for t in (model.norm, model.lm_head):
+            if id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+        return out
+
+    def copy_bandwidth(self) -> float:
+        """Bytes per second of a device-to-device copy (read + write counted once each)."""
+        import torch
+
+        n = (256 if self.device.type == "cuda" else 16) * 2**20
+        a = torch.empty(n, dtype=torch.uint8, device=self.device)
+        b = torch.empty_like(a)
+        for _ in range(3):
+            b.copy_(a)
+        self.sync()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            b.copy_(a)
+        self.sync()
+        return 2 * n * 10 / (time.perf_counter() - t0)
+
+    def plain(self) -> dict[str, Any]:
+        import numpy as np
+        import torch
+
+        from draftwise.core.decode import Decoder
+        from draftwise.core.drafters.base import NoDrafter
+        from draftwise.core.sampling import SamplingParams
+
+        shape, n = self.args.decode_shape, self.args.tokens
+        be, hf = self.build(shape, 1024, with_hf=True)
+        prompt = np.random.default_rng(0).integers(10, config_of(shape)["vocab_size"] - 1, 32)
+        dec = Decoder(be)
+        out: dict[str, Any] = {"shape": shape, "tokens": n}
+
+        def ours() -> float:
+            dec.reset()
+            t0 = time.perf_counter()
+            got = sum(len(s.tokens) for s in dec.steps(prompt, NoDrafter(), SamplingParams(), n))
+            self.sync()
+            return got / (time.perf_counter() - t0)
+
+        ours()  # warm-up
+        out["draftwise_none_tps"] = round(ours(), 1)
+        ids = torch.tensor([prompt.tolist()], device=self.device)
+        for name, kw in (("hf_eager_tps", {}), ("hf_static_tps", {"cache_implementation": "static"})):
+            def theirs(kw: dict[str, Any] = kw) -> float:
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kw)
+                self.sync()
+                return n / (time.perf_counter() - t0)
+
+            try:
+                theirs()  # warm-up (and the static cache's compile)
+                out[name] = round(theirs(), 1)
+            except Exception as exc:
+                out[name] = f"{type(exc).__name__}: {str(exc)[:120]}"
+        ratio = out["draftwise_none_tps"] / out["hf_eager_tps"] if isinstance(out["hf_eager_tps"], float) else None
+        out["none_vs_hf_eager"] = round(ratio, 2) if ratio else None
+        self.rows.append((f"plain {shape}", f"draftwise none {out['draftwise_none_tps']} tok/s, "
+                          f"transformers eager {out['hf_eager_tps']}, static {out['hf_static_tps']}"))
+        return out
+
+    def identity(self) -> dict[str, Any]:
+        import numpy as np
+
+        import draftwise
+        from draftwise.api import Model
+        from draftwise.core.costmodel import CostModel
+        from draftwise.models.tokenizer import Tokenizer
+
+        shape, n = self.args.identity_shape, self.args.identity_tokens
+        cfg = config_of(shape)
+        be, _ = self.build(shape, 2048)
+        work = Path(tempfile.mkdtemp(prefix="dw-device-"))
+        model = Model(be, Tokenizer.from_dir(word_tokenizer(work, cfg["vocab_size"])), work, progress=None)
+        model.assets.use_cost_profile(CostModel(rows=[1, 64], ms=[10.0, 11.0]))  # a GPU-like curve
+        ckpt = random_redrafter(model, work / "redrafter")
+        rng = np.random.default_rng(1)
+        # repeated text: drafters find something to propose, so trees are verified
+        base = rng.integers(10, cfg["vocab_size"] - 1, 24).tolist()
+        prompt = (base * 4)[:80]
+
+        mats: dict[str, float] = {}
+
+        def ids(drafter: str, **kw: Any) -> list[int]:
+            last = None
+            for r in draftwise.stream_generate(model, prompt, drafter=drafter, max_tokens=n,
+                                               chat_template=False, **kw):
+                last = r
+            if last is None:
+                return []
+            if not kw:  # greedy: > 1 means drafts were accepted
+                mats[drafter] = round(last.mean_accepted, 2)
+            return list(last.token_ids)
+
+        want, hot = ids("none"), ids("none", temp=0.8, seed=3)
+        out: dict[str, Any] = {"shape": shape, "tokens": len(want)}
+        bad = []
+        for spec in DRAFTERS:
+            full = f"redrafter:bw=2,t=3,path={ckpt}" if spec == "redrafter" else spec
+            model.drafter(full).reset()
+            same = ids(full) == want
+            seeded = ids(full, temp=0.8, seed=3) == hot
+            out[spec] = {"greedy": same, "seeded": seeded, "mat": mats.get(full)}
+            if not (same and seeded):
+                bad.append(spec)
+        model.close_drafters()
+        self.rows.append((f"identity {shape}", "all equal none (greedy, seeded T=0.8)" if not bad
+                          else f"DIFFER: {', '.join(bad)}"))
+        if bad:
+            raise AssertionError(f"not identical to none: {bad}")
+        return out
+
+    def report(self) -> None:
+        out = self.args.out or os.environ.get("OUT")
+        width = max(len(k) for k, _ in self.rows) if self.rows else 10
+        table = "\n".join(f"| {k} | {v} |" for k, v in self.rows)
+        md = f"# device check\n\n| check | result |\n|---|---|\n{table}\n"
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / "device_check.json").write_text(json.dumps(self.results, indent=1, default=str))
+            (Path(out) / "device_check.md").write_text(md)
+        print("\n" + "\n".join(f"{k:<{width}}  {v}" for k, v in self.rows), flush=True)
+
+
+def word_tokenizer(out: Path, vocab: int) -> Path:
+    """A word-level tokenizer of ``vocab`` tokens ``t0 t1 ...`` (generation runs on ids;
+    text is only decoded), saved as ``tokenizer.json``."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    tok = HFTokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": None, "bos_token": None}))
+    return out
+
+
+def random_redrafter(model: Any, out: Path) -> Path:
+    import torch
+
+    from draftwise.backends.cuda.redrafter.checkpoint import save_redrafter, weights_fingerprint
+    from draftwise.backends.cuda.redrafter.net import ReDrafterNet
+    from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig
+
+    embed = model.backend.model.embed
+    k = min(2048, int(embed.shape[0]))
+    torch.manual_seed(1)
+    cfg = ReDrafterConfig(int(embed.shape[1]), int(embed.shape[0]), k, 1,
+                          model.drafting.tokenizer_id, weights_fingerprint(embed), context_dim=64)
+    net = ReDrafterNet(cfg, embed.float().cpu(), torch.arange(k))
+    return save_redrafter(net, out)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    p.add_argument("--tiny", action="store_true", help="tiny shapes and short runs (the CPU smoke test)")
+    p.add_argument("--out", default=None, help="folder for device_check.json/.md (default: $OUT)")
+    p.add_argument("--skip", default="", help="comma-separated sections to skip")
+    a = p.parse_args(argv)
+    if a.device not in ("cuda", "cpu"):
+        p.error(f"--device must be cuda or cpu, got {a.device!r}")
+    if a.tiny:
+        a.shapes, a.rows, a.context, a.reps = ["tiny"], (1, 2, 4, 8), 64, 1
+        a.decode_shape, a.tokens, a.identity_shape, a.identity_tokens = "tiny", 16, "tiny", 24
+        a.pytest_timeout = 300
+    else:
+        a.shapes, a.rows, a.context, a.reps = (["smollm2-135m", "llama-3.2-1b", "llama-3.1-8b"],
+                                               (1, 2, 4, 8, 16, 32, 64), 512, 5)
+        a.decode_shape, a.tokens, a.identity_shape, a.identity_tokens = "llama-3.2-1b", 256, "llama-3.2-1b", 64
+        a.pytest_timeout = 240
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("device_check: no CUDA device here (use --device cpu --tiny for the smoke test)", file=sys.stderr)
+        return 2
+    check = Check(args)
+    skip = set(filter(None, args.skip.split(",")))
+    for name, fn in (("machine", check.machine), ("pytest-cuda", check.cuda_tests),
+                     ("curves", check.curves), ("plain", check.plain), ("identity", check.identity)):
+        if name not in skip:
+            check.section(name, fn)
+    check.report()
+    failed = [k for k, v in check.results.items() if isinstance(v, dict) and "error" in v]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

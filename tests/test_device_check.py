@@ -1,0 +1,57 @@
+"""``scripts/device_check.py`` (issue 39's GPU check) runs end to end on the CPU with tiny
+shapes, as CI's smoke test: every section passes and the report files are written; its
+built-in model shapes are the published ones of ``../shared/model-shapes.json``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.prompts import shared_dir
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("device_check", ROOT / "scripts" / "device_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_smoke_run_passes_and_writes_its_report(tmp_path):
+    dc = load_script()
+    rc = dc.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)])
+    assert rc == 0
+    res = json.loads((tmp_path / "device_check.json").read_text())
+    assert res["pytest-cuda"]["exit"] in (0, 5)  # the cuda tests skip here
+    assert res["curves"]["tiny"]["ms"] and res["plain"]["draftwise_none_tps"] > 0
+    ident = res["identity"]
+    assert all(ident[d]["greedy"] and ident[d]["seeded"] for d in dc.DRAFTERS)
+    assert max(ident[d]["mat"] for d in dc.DRAFTERS) > 1.0  # trees were verified and accepted
+    assert "| identity tiny | all equal none" in (tmp_path / "device_check.md").read_text()
+
+
+def test_a_missing_gpu_is_one_line(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    assert load_script().main([]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_the_shapes_are_the_published_ones():
+    path = shared_dir() / "model-shapes.json"
+    if not path.is_file():
+        pytest.skip(f"no {path} (a user's clone has no ../shared)")
+    published = json.loads(path.read_text())
+    dc = load_script()
+    for ours, theirs in (("smollm2-135m", "SmolLM2-135M"), ("llama-3.2-1b", "Llama-3.2-1B"),
+                         ("llama-3.1-8b", "Llama-3.1-8B")):
+        for key, value in dc.SHAPES[ours].items():
+            assert published[theirs][key] == value, (ours, key)
