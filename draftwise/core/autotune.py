@@ -82,6 +82,11 @@ def choose_subtree(
     return tree.subset(order[:n]) if n else DraftTree.empty()
 
 
+# a step whose drafting cannot pay skips it, but every EXPLORE_EVERY-th step still drafts
+EXPLORE_EVERY = 8
+PLAIN_EVERY = 4  # while the live cost curve lacks a timed plain step, one in this many is
+
+
 class AutoDrafter:
     """Combines drafters and verifies, each step, only the part of their tree that pays.
 
@@ -113,6 +118,10 @@ class AutoDrafter:
         ]
         self.acc = AcceptanceModel(n_sources=len(self.members), prob_sources=self._prob_sources)
         self.last_budget = 0
+        self._p1 = 1.0  # the best first-node probability of the last proposal (optimistic)
+        self._skipped = 0  # steps in a row that skipped drafting
+        self.skipped_total = 0
+        self._plain_turn = 0
         # beam members (ReDrafter): their width and length are sized each step from what
         # the cost-curve planner took of their last tree (``_size_beams``), up to the
         # member's own settings (kept here: the largest sizes)
@@ -142,6 +151,7 @@ class AutoDrafter:
             self.members[i].bw, self.members[i].t = bw, t  # type: ignore[attr-defined]
         self.acc = AcceptanceModel(n_sources=len(self.members), prob_sources=self._prob_sources)
         self._pending.clear()
+        self._p1, self._skipped = 1.0, 0
 
     def begin(self, prompt: np.ndarray) -> None:
         self._pending.clear()
@@ -153,16 +163,39 @@ class AutoDrafter:
         if cap <= 0:
             self.last_budget = 0
             return DraftTree.empty()
+        # Nothing can pay: not even the likeliest first token (as priced in the last
+        # proposal) makes a two-row verify worth its cost. Skip the members' drafting
+        # then, but draft every EXPLORE_EVERY-th step so acceptance keeps being learnt.
+        if self._skipped < EXPLORE_EVERY - 1 and not self._first_node_pays(context.size):
+            self._skipped += 1
+            self.skipped_total += 1
+            self.last_budget = 0
+            return DraftTree.empty()
+        self._skipped = 0
+        # the curve is being corrected live but a plain step was never timed: verify one
+        # in PLAIN_EVERY steps until it has been (what a tree is weighed against)
+        self._plain_turn = (self._plain_turn + 1) % PLAIN_EVERY
+        if self._plain_turn == 0 and self.cost.wants_plain():
+            self.last_budget = 0
+            return DraftTree.empty()
         # merged uncut: a breadth-first cut would let one member's shallow guesses push
         # out another's deep ones; the choice below keeps the best ``cap`` nodes instead
         full = merge_trees([m.propose(context, cap) for m in self.members])
         index = self.acc.index(full)  # (source, depth, rank) cells: planning and scoring
         self._pending.append((full, context.size, index))
+        first = full.depth == 1
+        self._p1 = float(self.acc.node_probs(full, index)[first].max()) if first.any() else 0.0
         chosen = choose_subtree(full, self.acc, self.cost, context.size, cap, index)
         self.last_budget = len(chosen)
         if self._beams:
             self._size_beams(chosen)
         return chosen
+
+    def _first_node_pays(self, context_len: int) -> bool:
+        """One draft token accepted with the last proposal's best first-node probability
+        ``p1`` pays when ``(1 + p1) / cost(2) > 1 / cost(1)``."""
+        c1, c2 = self.cost.cost_upto(2, context_len)
+        return (1.0 + self._p1) * float(c1) > float(c2)
 
     def _size_beams(self, chosen: DraftTree) -> None:
         """Next step's beam width and length of each beam member: one more than the

@@ -5,8 +5,9 @@
 The stored curve is a prior: ``observe`` takes each verify's measured time (the decoder
 times every step anyway) and keeps, per row count of the curve, the running median of
 measured / predicted over the last ``WINDOW`` steps; the curve planned with is the prior
-scaled by those medians (a row count not seen yet takes its nearest seen neighbour's),
-made non-decreasing in rows. A curve measured on a busy machine (8 rows "cheaper" than
+scaled by those medians (a row count not seen yet takes them interpolated between its
+seen neighbours, or the nearest one's), made non-decreasing in rows; ``wants_plain``
+asks the planner for the plain steps it would otherwise never time. A curve measured on a busy machine (8 rows "cheaper" than
 1) is thereby corrected within a few steps of each size, and ``drifted`` says when live
 timings disagree with the stored curve by more than ``DRIFT`` (``Assets`` then replaces
 the stored file with ``corrected()``).
@@ -66,6 +67,13 @@ class CostModel:
         self._ratios = [deque(maxlen=WINDOW) for _ in range(self.rows.size)]  # per row count
         self._scale = np.ones(self.rows.size)  # (R,) measured / prior, per row count
 
+    def wants_plain(self) -> bool:
+        """Live timings correct the curve but none of a plain (one-row) step yet: the
+        planner should verify one now and then (it never would while trees look cheap,
+        and without it drafting is priced against a guess)."""
+        seen = any(len(q) >= MIN_SEEN for q in self._ratios[1:])
+        return seen and len(self._ratios[0]) < MIN_SEEN
+
     def plausible(self) -> bool:
         """Whether the curve could be a quiet machine's: never much cheaper with more
         rows (a profile measured while the machine was busy often is).
@@ -88,9 +96,16 @@ class CostModel:
         seen = [i for i, q in enumerate(self._ratios) if len(q) >= MIN_SEEN]
         if not seen:
             return
+        med = {i: float(np.median(self._ratios[i])) for i in seen}
+        logr = np.log(self.rows)
         for i in range(self.rows.size):
-            near = min(seen, key=lambda k: (abs(k - i), k))
-            self._scale[i] = float(np.median(self._ratios[near]))
+            lo = max((k for k in seen if k <= i), default=None)
+            hi = min((k for k in seen if k >= i), default=None)
+            if lo is None or hi is None or lo == hi:  # outside the seen ones: the nearest
+                self._scale[i] = med[lo if hi is None else hi]
+            else:  # between two seen row counts: interpolated in log rows
+                w = (logr[i] - logr[lo]) / (logr[hi] - logr[lo])
+                self._scale[i] = (1 - w) * med[lo] + w * med[hi]
         # corrected, then non-decreasing in rows: more rows never cost less
         self.ms = np.maximum.accumulate(self.prior * self._scale[None, :], axis=1)
         self._dense = None

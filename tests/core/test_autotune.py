@@ -265,3 +265,44 @@ def test_beam_member_is_sized_by_what_the_planner_keeps():
     assert beam.seen[-1] == (width + 1, int(kept.max_depth) + 1) == auto.last_beam
     auto.reset()
     assert (beam.bw, beam.t) == (4, 5) == auto.beam_sizes[0]
+
+
+class CountingDrafter:
+    """Proposes one fixed wrong guess and counts how often it is asked."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def reset(self) -> None: ...
+
+    def begin(self, prompt) -> None: ...
+
+    def update(self, context, n_new) -> None: ...
+
+    def propose(self, context, budget):
+        from draftwise.core.tree import DraftTree
+
+        self.calls += 1
+        return DraftTree.chain([7])
+
+
+def test_drafting_is_skipped_when_no_first_token_can_pay():
+    """A steep curve and a member that is never right: after the first proposals the
+    members draft only every EXPLORE_EVERY-th step; on a flat curve, every step."""
+    import numpy as np
+
+    from draftwise.core.autotune import EXPLORE_EVERY
+
+    ctx = np.arange(1, 40)
+    for ms, want_skips in (([10.0, 640.0], True), ([10.0, 10.0], False)):
+        member = CountingDrafter()
+        auto = AutoDrafter([member], CostModel(rows=[1, 64], ms=ms))
+        for step in range(64):
+            auto.propose(ctx[: 10 + step], 8)
+            auto.update(ctx[: 11 + step], 1)  # token 7 never comes: acceptance drops
+        if want_skips:
+            assert member.calls <= 64 // EXPLORE_EVERY + 4 and auto.skipped_total > 40
+        else:
+            assert member.calls == 64 and auto.skipped_total == 0

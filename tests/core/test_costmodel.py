@@ -70,9 +70,32 @@ def test_the_decoder_reports_every_verify_to_auto():
     from tests.fakes import FakeBackend
 
     cm = CostModel(ROWS, TRUE)
+    seen: list[tuple[int, int, float]] = []
+    real = cm.observe
+    cm.observe = lambda rows, ctx, ms: seen.append((rows, ctx, ms)) or real(rows, ctx, ms)  # type: ignore[method-assign]
     auto = AutoDrafter([Cacheback()], cm)
     steps = list(Decoder(FakeBackend(vocab_size=8)).steps([1, 2, 3, 1, 2, 3], auto, SamplingParams(), 30))
-    assert sum(len(q) for q in cm._ratios) == len(steps)
+    assert [r for r, _, _ in seen] == [s.drafted + 1 for s in steps]
+    assert all(ms > 0 for _, _, ms in seen) and seen[0][1] == 5  # the cache held the prompt but its last token
+
+
+def test_a_flat_busy_prior_learns_the_plain_step_too():
+    """A curve measured on a loaded machine is flat (1,300 ms for 1 to 32 rows): the
+    planner then drafts every step and would never time a plain one; it asks for some,
+    and the corrected curve prices one row below eight."""
+    flat = CostModel(ROWS, [1280.0, 1296.0, 1296.0, 1300.0, 1323.0], contexts=[256])
+    auto = AutoDrafter([Cacheback()], flat)
+    rng = np.random.default_rng(4)
+    plain = 0
+    for step in range(80):
+        ctx = np.array([1, 2, 3] * 30)[: 40 + step]
+        tree = auto.propose(ctx, 8)
+        rows = len(tree) + 1
+        plain += rows == 1
+        auto.observe_verify(rows, ctx.size, live(rng, rows))
+        auto.update(ctx, 1)
+    assert plain >= 5
+    assert float(flat.cost(1, 256)) < 0.8 * float(flat.cost(8, 256))
 
 
 def test_an_implausible_stored_profile_is_measured_again(tmp_path, capsys):
