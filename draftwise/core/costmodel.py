@@ -7,8 +7,9 @@ times every step anyway) and keeps, per row count of the curve, the running medi
 measured / predicted over the last ``WINDOW`` steps; the curve planned with is the prior
 scaled by those medians (a row count not seen yet takes them interpolated between its
 seen neighbours, or the nearest one's), made non-decreasing in rows; ``wants_plain``
-asks the planner for the plain steps it would otherwise never time. A curve measured on a busy machine (8 rows "cheaper" than
-1) is thereby corrected within a few steps of each size, and ``drifted`` says when live
+asks the planner for the plain steps it would otherwise never time. A curve measured on
+a busy machine (8 rows "cheaper" than 1) is thereby corrected within a few steps of each
+size, and ``drifted`` says when live
 timings disagree with the stored curve by more than ``DRIFT`` (``Assets`` then replaces
 the stored file with ``corrected()``).
 
@@ -41,6 +42,7 @@ WINDOW = 15  # recent steps per row count whose median corrects the prior
 MIN_SEEN = 5  # steps of a row count before its correction applies
 DRIFT = 2.0  # live / stored beyond this (or below its inverse): the stored curve is stale
 NOISE = 0.8  # a stored curve may dip by this factor with more rows (noise), no further
+REFRESH = 8  # observations between re-derivations of the corrected curve
 
 
 class CostModel:
@@ -66,6 +68,8 @@ class CostModel:
         self.prior = self.ms  # (C, R) as stored or measured
         self._ratios = [deque(maxlen=WINDOW) for _ in range(self.rows.size)]  # per row count
         self._scale = np.ones(self.rows.size)  # (R,) measured / prior, per row count
+        self._logr = np.log(self.rows)  # (R,)
+        self._unapplied = 0  # observations since the curve was last re-derived
 
     def wants_plain(self) -> bool:
         """Live timings correct the curve but none of a plain (one-row) step yet: the
@@ -90,14 +94,20 @@ class CostModel:
         correction of the nearest row count of the curve."""
         if rows < 1 or not ms > 0:
             return
-        j = int(np.argmin(np.abs(np.log(self.rows) - np.log(rows))))  # nearest, in log rows
+        j = int(np.argmin(np.abs(self._logr - np.log(rows))))  # nearest, in log rows
         predicted = float(self._blend(self._curves_of(self.prior, np.asarray(float(rows))), context_len))
         self._ratios[j].append(ms / predicted)
+        self._unapplied += 1
+        # re-derive the curve every REFRESH steps (and when a row count first counts):
+        # a per-step hot path, and medians of 15 move slowly anyway
+        if self._unapplied < REFRESH and len(self._ratios[j]) != MIN_SEEN:
+            return
+        self._unapplied = 0
         seen = [i for i, q in enumerate(self._ratios) if len(q) >= MIN_SEEN]
         if not seen:
             return
         med = {i: float(np.median(self._ratios[i])) for i in seen}
-        logr = np.log(self.rows)
+        logr = self._logr
         for i in range(self.rows.size):
             lo = max((k for k in seen if k <= i), default=None)
             hi = min((k for k in seen if k >= i), default=None)
