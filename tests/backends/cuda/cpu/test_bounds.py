@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 from draftwise.backends.cuda.cpu import native  # noqa: E402
 from draftwise.backends.cuda.cpu.bounds import check_slots, check_write  # noqa: E402
 from draftwise.backends.cuda.cpu.fused import FusedForward  # noqa: E402
+from tests.backends.cuda.cpu.test_native import lib  # noqa: E402,F401  (the compiled kernel, or skip)
 
 pytestmark = pytest.mark.sanitize
 H, HKV, D, TMAX = 4, 2, 16, 64
@@ -172,14 +173,6 @@ def test_check_cost_is_per_table_not_per_layer():
         check_slots(extra, n, 16, 8192)
     with pytest.raises(ValueError, match="exceeds"):
         check_write(8190, 4, 8192)
-
-
-@pytest.fixture(scope="module")
-def lib():
-    found = native.attention_lib()
-    if found is None:
-        pytest.skip("no C compiler here")
-    return found
 
 
 def test_random_in_range_calls_agree_with_a_reference(lib):
