@@ -178,10 +178,13 @@ class Decoder:
         self._prefill(prompt)
         drafter.begin(prompt)
         batched = self._use_batch(drafter, params)  # fixed for the generation
+        node_cap = getattr(self.backend, "max_tree_nodes", None)
         try:
             while True:
                 room = limit - self.backend.cache_len - 1  # rows left after the root
                 cap = max(0, min(budget, room, max_tokens - emitted - 1))
+                if node_cap is not None:  # a backend of fixed-shape steps (CUDA graphs)
+                    cap = min(cap, node_cap)
                 threads = self.threads.current() if self.threads is not None else None
                 if threads is not None:
                     self.backend.set_kernel_threads(threads)  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ import torch
 
 from draftwise.backends.cuda.batch import BatchMixin
 from draftwise.backends.cuda.cpu.int4 import int4_available
+from draftwise.backends.cuda.gpu.graphs import BUCKETS, StepGraphs
 from draftwise.backends.cuda.gpu.sampling import HostStaging, sample_rows
 from draftwise.backends.cuda.invariant import MAX_ROWS, make_plan, min_rows
 from draftwise.backends.cuda.llama import Llama, causal_mask, read_llama_config, read_weights
@@ -75,6 +76,14 @@ def weights_mode(
     return torch.bfloat16, FourBit(read_q4_linears(src))
 
 
+def graphs_wanted(device: torch.device, dtype: str, invariant: bool) -> bool:
+    """Fixed-shape steps from CUDA graphs (``gpu/graphs.py``): on CUDA, outside the
+    invariant mode (its own fixed arithmetic), unless ``DRAFTWISE_CUDA_GRAPHS=0``."""
+    if os.environ.get("DRAFTWISE_CUDA_GRAPHS", "1") == "0":
+        return False
+    return device.type == "cuda" and not invariant and dtype != "4bit"
+
+
 def _pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -88,7 +97,29 @@ def _pick_device(device: str) -> torch.device:
 class TorchBackend(CacheBook, BatchMixin):
     """A llama-family model and its KV cache on one torch device (batch size 1)."""
 
-    def __init__(self, model: Llama, max_cache_len: int, invariant: bool = False) -> None:
+    def __init__(
+        self,
+        model: Llama,
+        max_cache_len: int,
+        invariant: bool = False,
+        graphs: StepGraphs | None = None,
+    ) -> None:
+        """``graphs``: run every verify as a fixed-shape step of ``graphs`` (its model is
+        ``model``, whose cache needs ``graphs.max_rows`` slots past ``max_cache_len`` for
+        the padding rows); None: the eager forward."""
+        if graphs is not None:
+            if graphs.model is not model or invariant:
+                raise DraftwiseError("graph steps run the backend's own model, outside the invariant mode")
+            if model.max_cache_len < max_cache_len + graphs.max_rows:
+                raise DraftwiseError(
+                    f"graph steps need {max_cache_len + graphs.max_rows} cache slots "
+                    f"(context {max_cache_len} + {graphs.max_rows} padding rows), the model has "
+                    f"{model.max_cache_len}"
+                )
+        self.graphs = graphs
+        # a tree has at most this many nodes (the decoding loop caps its budget to it)
+        self.max_tree_nodes = graphs.max_rows - 1 if graphs is not None else None
+        self._argmax: torch.Tensor | None = None  # (N+1,) the graph step's, on the device
         self.model = model
         # Batch-invariant verify (see invariant.py): plain decoding and tree verification
         # become two schedules of one bit-exact computation, in any dtype.
@@ -97,6 +128,8 @@ class TorchBackend(CacheBook, BatchMixin):
         self.dtype = "4bit" if model.int4 else str(model.dtype).removeprefix("torch.")
         # The mode is part of the name: tune profiles and bench reports keep them apart.
         self.name = f"torch-{self.device.type}-{self.dtype}" + ("-invariant" if invariant else "")
+        if graphs is not None:
+            self.name += "-graphs"
         CacheBook.__init__(self, max_cache_len, model.cfg.vocab_size)
         # Reused for every verify's mask: the cache prefix is always fully visible.
         self._ones = torch.ones((1, max_cache_len), dtype=torch.bool, device=self.device)
@@ -157,7 +190,7 @@ class TorchBackend(CacheBook, BatchMixin):
         else:
             # the cost curve depends on the thread count (OMP_NUM_THREADS)
             name, kind, threads = cpu_name(), self.device.type, torch.get_num_threads()
-        mode = "invariant" if self.invariant else "normal"
+        mode = "invariant" if self.invariant else "graphs" if self.graphs is not None else "normal"
         kernels = ""
         if self._native is not None:  # the compiled build (its file names its source hash)
             kernels = Path(self._native._name).stem
@@ -182,10 +215,13 @@ class TorchBackend(CacheBook, BatchMixin):
         device: str = "auto",
         max_cache_len: int | None = None,
         invariant: bool | str = "auto",
+        graphs: bool | str = "auto",
     ) -> TorchBackend:
         """``dtype``: float32, bfloat16, float16 or 4bit (CPU: ``weights_mode``).
         ``invariant``: batch-invariant verification (True/False; "auto" = on for bf16 and
-        4bit on CPU). Example: ``TorchBackend.from_pretrained(d, dtype="bfloat16")``."""
+        4bit on CPU). ``graphs``: fixed-shape steps replayed from CUDA graphs (True/False;
+        "auto" = on CUDA, see ``graphs_wanted``).
+        Example: ``TorchBackend.from_pretrained(d, dtype="bfloat16")``."""
         if dtype not in TORCH_DTYPES:
             raise DraftwiseError(f"unknown dtype {dtype!r} (use {', '.join(TORCH_DTYPES)})")
         if max_cache_len is not None and max_cache_len < 1:
@@ -197,9 +233,14 @@ class TorchBackend(CacheBook, BatchMixin):
         cap = max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE
         limit = min(cfg.max_positions, cap)
         cache_dtype = torch.float32 if inv else None  # see Llama: read as it lies
+        if graphs == "auto":
+            graphs = graphs_wanted(dev, dtype, inv)
+        if not isinstance(graphs, bool):
+            raise DraftwiseError(f"graphs must be True, False or 'auto', got {graphs!r}")
         weights = read_weights(Path(model_dir))
-        model = Llama(cfg, weights, compute, dev, limit, cache_dtype, q4)
-        return cls(model, limit, inv)
+        pad = max(BUCKETS) if graphs else 0  # slots the padding rows write to
+        model = Llama(cfg, weights, compute, dev, limit + pad, cache_dtype, q4)
+        return cls(model, limit, inv, StepGraphs(model) if graphs else None)
 
     # ----- the target's hidden state, for drafters conditioned on it ---------------------
     def last_hidden(self) -> torch.Tensor:
@@ -295,6 +336,12 @@ class TorchBackend(CacheBook, BatchMixin):
         n1, start = host.shape[0], self._len
         if self.invariant:
             return self._verify_invariant(host)
+        if self.graphs is not None:
+            # tokens, positions and tree bits: the graph step's own (pinned) upload
+            logits, self._argmax = self.graphs.run(host[:, : 2 + n1], start)  # (N+1, V), (N+1,)
+            self._rows_x = self.model.last_x  # (N+1, C)
+            self._pending = n1
+            return logits
         with torch.inference_mode():
             dev = self._staging.upload(host) if dev is None else dev  # (N+1, 2 + N+1)
             mask = None
@@ -347,7 +394,8 @@ class TorchBackend(CacheBook, BatchMixin):
                 lf = logits.float()  # (N+1, V)
                 am = lf.argmax(dim=-1).numpy()  # (N+1,)
                 return Verified(argmax=am, logits=lf.numpy() if need_logits else None)
-            argmax = logits.argmax(dim=-1)  # (N+1,)
+            argmax = logits.argmax(dim=-1) if self._argmax is None else self._argmax  # (N+1,)
+            self._argmax = None
             if not need_logits:
                 return Verified(argmax=argmax.cpu().numpy())
             # One transfer: argmax rides along as an extra float32 column (exact: V < 2^24).

@@ -57,3 +57,24 @@ def test_greedy_drafting_equals_plain_on_the_gpu(tmp_path):
     plain = [t for s in Decoder(be).steps(prompt, NoDrafter(), SamplingParams(), 40) for t in s.tokens]
     spec = [t for s in Decoder(be).steps(prompt, Cacheback(), SamplingParams(), 40) for t in s.tokens]
     assert spec == plain
+
+
+def test_graph_steps_are_row_invariant_on_the_gpu(tmp_path):
+    """A row alone (a plain step) and the same row inside trees of 3..63 nodes, at three
+    cache lengths: bit-equal bfloat16 logits, replayed from captured graphs."""
+    model_dir, _ = _save_tiny(tmp_path / "m", "llama3")
+    be = TorchBackend.from_pretrained(model_dir, dtype="bfloat16", device="cuda", max_cache_len=512)
+    assert be.graphs is not None and be.graphs.capture and "graphs" in be.name
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, V, 250)
+    for ctx in (20, 100, 180):  # (the tiny config's limit is 256 positions)
+        be.reset()
+        be.prefill(ids[:ctx])
+        alone = be.verify(int(ids[ctx]), DraftTree.empty(), need_logits=True).logits[0]
+        be.trim(ctx)
+        for n in (3, 15, 40, 63):
+            parents = np.array([-1] + [int(rng.integers(-1, i)) for i in range(1, n)])
+            tree = DraftTree(rng.integers(0, V, n), parents)
+            got = be.verify(int(ids[ctx]), tree, need_logits=True).logits[0]
+            be.trim(ctx)
+            assert np.array_equal(got, alone), (ctx, n, be.graphs.buckets)
