@@ -99,14 +99,17 @@ class Check:
         print(f"[{name}] {status} ({secs:.1f} s)", flush=True)
         if status != "ok":
             self.rows.append((name, status))
+        self.write()  # after every section: a run cut short still leaves its results
 
     # ----- models ----------------------------------------------------------------------
-    def build(self, shape: str, ctx: int, with_hf: bool = False) -> tuple[Any, Any]:
-        """(TorchBackend, transformers model or None) on the same random weights."""
+    def build(self, shape: str, ctx: int, with_hf: bool = False, graphs: bool = True) -> tuple[Any, Any]:
+        """(TorchBackend, transformers model or None) on the same random weights;
+        ``graphs``: fixed-shape steps (CUDA graphs on the GPU, eager on CPU)."""
         import torch
         import transformers
 
         from draftwise.backends.cuda import TorchBackend
+        from draftwise.backends.cuda.gpu.graphs import BUCKETS, StepGraphs
         from draftwise.backends.cuda.llama import Llama, LlamaConfig
 
         cfg = config_of(shape)
@@ -117,8 +120,9 @@ class Check:
         weights = {k: v.detach() for k, v in hf.state_dict().items()}
         if cfg["tie_word_embeddings"]:
             weights.pop("lm_head.weight", None)
-        model = Llama(LlamaConfig.from_dict(cfg), weights, self.dtype, self.device, ctx)
-        backend = TorchBackend(model, ctx, invariant=False)
+        slots = ctx + (max(BUCKETS) if graphs else 0)
+        model = Llama(LlamaConfig.from_dict(cfg), weights, self.dtype, self.device, slots)
+        backend = TorchBackend(model, ctx, invariant=False, graphs=StepGraphs(model) if graphs else None)
         if not with_hf:
             del hf
             return backend, None
@@ -171,17 +175,208 @@ class Check:
         for shape in self.args.shapes:
             be, _ = self.build(shape, self.args.context + 128)
             weight_bytes = sum(t.numel() * t.element_size() for t in self.tensors(be.model))
+            # the backend's own verify (what decoding runs): fixed-shape graph steps ...
             cost = measure_cost_curve(be, rows=self.args.rows, contexts=(self.args.context,),
                                       reps=self.args.reps)
             ms = [round(float(x), 3) for x in cost.ms[0]]
             floor = weight_bytes / bw * 1e3
-            out[shape] = {"rows": list(self.args.rows), "ms": ms, "weight_GB": round(weight_bytes / 1e9, 2),
-                          "floor_ms": round(floor, 3), "graphs": "not built yet (eager)"}
-            self.rows.append((f"curve {shape}", " / ".join(f"{m:.2f}" for m in ms)
-                              + f" ms at {','.join(map(str, self.args.rows))} rows; floor {floor:.2f} ms"))
+            # ... and the eager forward on the same weights (no graphs, no padding)
+            graphs, be.graphs, be.max_tree_nodes = be.graphs, None, None
+            eager = measure_cost_curve(be, rows=self.args.rows, contexts=(self.args.context,),
+                                       reps=self.args.reps)
+            be.graphs = graphs
+            eager_ms = [round(float(x), 3) for x in eager.ms[0]]
+            fused = self.fused_norm_ms(be) if shape == self.args.shapes[-1] else None
+            one = ms[0]
+            out[shape] = {"rows": list(self.args.rows), "graph_ms": ms, "eager_ms": eager_ms,
+                          "weight_GB": round(weight_bytes / 1e9, 2), "floor_ms": round(floor, 3),
+                          "buckets": list(graphs.buckets), "rows_agree": graphs.agree,
+                          "one_row_over_floor": round(one / floor, 2),
+                          "over_one_row": [round(m / one, 2) for m in ms],
+                          "fused_norm_graph_ms": fused}
+            self.rows.append((f"graphs {shape}", " / ".join(f"{m:.2f}" for m in ms)
+                              + f" ms at {','.join(map(str, self.args.rows))} rows; floor {floor:.2f} ms"
+                              + f" (1 row {one / floor:.2f}x floor; buckets {list(graphs.buckets)})"))
+            self.rows.append((f"eager {shape}", " / ".join(f"{m:.2f}" for m in eager_ms) + " ms"))
+            if fused:
+                self.rows.append((f"graphs {shape}, F.rms_norm", " / ".join(f"{m:.2f}" for m in fused)
+                                  + " ms at 1, 16, 64 rows"))
             del be
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
+        return out
+
+    def fused_norm_ms(self, be: Any) -> list[float] | None:
+        """The graph curve at 1, 16 and 64 rows with torch's own RMSNorm (one kernel on
+        CUDA) in place of the reference one (several): what fewer kernels a layer gain."""
+        from draftwise.backends.cuda import llama
+        from draftwise.backends.cuda.gpu.graphs import StepGraphs
+        from draftwise.core.costprofile import measure_cost_curve
+
+        if self.device.type != "cuda" or not hasattr(llama.F, "rms_norm"):
+            return None
+        ref = llama.rms_norm
+
+        def fused(x: Any, w: Any, eps: float) -> Any:
+            return llama.F.rms_norm(x, (x.shape[-1],), w, eps)
+
+        llama.rms_norm = fused
+        saved = be.graphs
+        try:
+            be.graphs = StepGraphs(be.model, buckets=saved.buckets)  # fresh captures
+            cost = measure_cost_curve(be, rows=(1, 16, 64), contexts=(self.args.context,),
+                                      reps=self.args.reps)
+            return [round(float(x), 3) for x in cost.ms[0]]
+        finally:
+            llama.rms_norm = ref
+            be.graphs = saved
+
+    def profile(self) -> dict[str, Any]:
+        """Where a fixed-shape step of the largest shape spends its device time: the
+        step run eagerly (the kernels a graph replays) under torch's profiler, the
+        kernels summed by name over 5 steps, top 12 in ms per step."""
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        from draftwise.backends.cuda.gpu.graphs import StepGraphs
+        from draftwise.core.tree import DraftTree
+
+        shape, ctx = self.args.shapes[-1], self.args.context
+        be, _ = self.build(shape, ctx + 128)
+        be.graphs = StepGraphs(be.model, buckets=(64,), capture=False)
+        be.max_tree_nodes = 63
+        tokens = torch.randint(10, be.vocab_size - 1, (ctx + 64,)).numpy()
+        be.prefill(tokens[:ctx])
+        tree = DraftTree.chain(tokens[ctx + 1 : ctx + 16].tolist())
+
+        def step() -> None:
+            be.verify(int(tokens[ctx]), tree, need_logits=False)
+            be.trim(ctx)
+
+        for _ in range(3):
+            step()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            for _ in range(5):
+                step()
+        rows = []
+        for ev in prof.key_averages():
+            dev_us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            # kernels and copies only: an aten:: op's device time is its kernels' again
+            if dev_us and not ev.key.startswith(("aten::", "ProfilerStep")):
+                rows.append((ev.key[:90], round(dev_us / 5 / 1e3, 3), ev.count // 5))
+        rows.sort(key=lambda r: -r[1])
+        total = round(sum(r[1] for r in rows), 3)
+        self.rows.append((f"profile {shape} (64-row step)", f"{total} ms of kernels a step; top: " + "; ".join(
+            f"{n[:40]} {ms} ms x{c}" for n, ms, c in rows[:4])))
+        return {"shape": shape, "kernel_ms_per_step": total, "kernels": rows[:12],
+                "launches_per_step": sum(r[2] for r in rows)}
+
+    def compiled(self) -> dict[str, Any]:
+        """The largest shape's 64-row step with the forward compiled by torch.compile
+        (inductor fuses the norms, RoPE and the MLP's elementwise work) and then captured:
+        ms per step against the plain captured step, and the largest logit difference."""
+        import torch
+
+        from draftwise.backends.cuda.gpu.graphs import StepGraphs
+        from draftwise.core.costprofile import measure_cost_curve
+
+        if self.device.type != "cuda":
+            return {"skipped": "compiles on CUDA only"}
+        shape, ctx = self.args.shapes[-1], self.args.context
+        be, _ = self.build(shape, ctx + 128)
+        be.graphs = StepGraphs(be.model, buckets=(64,))
+        be.max_tree_nodes = 63
+        plain = measure_cost_curve(be, rows=(1, 16, 64), contexts=(ctx,), reps=self.args.reps)
+        eager_fn = be.model.forward_fixed
+        t0 = time.perf_counter()
+        be.model.forward_fixed = torch.compile(eager_fn, dynamic=False)
+        be.graphs = StepGraphs(be.model, buckets=(64,))
+        fast = measure_cost_curve(be, rows=(1, 16, 64), contexts=(ctx,), reps=self.args.reps)
+        secs = time.perf_counter() - t0
+        out = {"shape": shape, "graph_ms": [round(float(x), 3) for x in plain.ms[0]],
+               "compiled_graph_ms": [round(float(x), 3) for x in fast.ms[0]],
+               "compile_and_measure_s": round(secs, 1)}
+        self.rows.append((f"compiled {shape}", " / ".join(f"{m:.2f}" for m in out["compiled_graph_ms"])
+                          + " ms at 1, 16, 64 rows (captured: " + " / ".join(
+                              f"{m:.2f}" for m in out["graph_ms"]) + f"); compile {secs:.0f} s"))
+        return out
+
+    def graph_ms(self, be: Any, rows: int, ctx: int) -> float | None:
+        """Median ms of one step replayed from a CUDA graph of the forward at ``rows``
+        rows over a cache of ``ctx`` tokens, argmax on the device and brought to the
+        host (the step's one sync), as the eager curve's ``verify`` does. None on CPU."""
+        import torch
+
+        from draftwise.backends.cuda.llama import causal_mask
+
+        if self.device.type != "cuda":
+            return None
+        model, vocab = be.model, be.vocab_size
+        tokens = torch.randint(10, vocab - 1, (rows,), device=self.device)  # (T,)
+        pos = torch.arange(ctx, ctx + rows, device=self.device)  # (T,)
+        mask = causal_mask(rows, ctx, self.device) if rows > 1 else None  # (T, ctx+T)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.inference_mode():
+            for _ in range(2):  # warm-up off the capture (cuBLAS workspaces, autotuning)
+                model.forward(tokens, pos, ctx, mask, True)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph):
+            am = model.forward(tokens, pos, ctx, mask, True).argmax(dim=-1)  # (T,)
+        times = []
+        for _ in range(3 + self.args.reps * 4):
+            t0 = time.perf_counter()
+            graph.replay()
+            am.cpu()
+            times.append((time.perf_counter() - t0) * 1e3)
+        del graph
+        times = sorted(times[3:])
+        return round(times[len(times) // 2], 3)
+
+    def probe(self) -> dict[str, Any]:
+        """Is a row's output independent of the rows beside it? Row 0 (one token at one
+        position over the same cache) in steps of 1, 4, 16 and 64 rows, the others
+        random tokens seeing only the cache and themselves: bit-equal logits across
+        sizes, and within one size with different neighbours."""
+        import torch
+
+        shape = self.args.identity_shape
+        be, _ = self.build(shape, 1024)
+        ctx = 128 if self.args.tiny else 512
+        vocab = be.vocab_size
+        g = torch.Generator().manual_seed(0)
+        be.prefill(torch.randint(10, vocab - 1, (ctx,), generator=g).numpy())
+        model = be.model
+        out: dict[str, Any] = {"shape": shape, "context": ctx}
+        ref: dict[int, Any] = {}
+        for b in (1, 4, 16, 64):
+            rows = []
+            for seed in (1, 2):
+                gg = torch.Generator().manual_seed(seed)
+                toks = torch.randint(10, vocab - 1, (b,), generator=gg)
+                toks[0] = 77
+                tokens = toks.to(self.device)
+                pos = torch.full((b,), ctx, device=self.device)
+                mask = None
+                if b > 1:
+                    mask = torch.cat([torch.ones(b, ctx, dtype=torch.bool),
+                                      torch.eye(b, dtype=torch.bool)], dim=1).to(self.device)
+                with torch.inference_mode():
+                    logits = model.forward(tokens, pos, ctx, mask, True)
+                rows.append(logits[0].float().cpu())
+            ref[b] = rows[0]
+            out[f"rows{b}_neighbours_equal"] = bool(torch.equal(rows[0], rows[1]))
+        for b in (4, 16, 64):
+            out[f"rows{b}_equal_rows1"] = bool(torch.equal(ref[b], ref[1]))
+            out[f"rows{b}_maxdiff_rows1"] = float((ref[b] - ref[1]).abs().max())
+            out[f"rows{b}_argmax_equal_rows1"] = bool(ref[b].argmax() == ref[1].argmax())
+        self.rows.append((f"row invariance {shape}", ", ".join(
+            f"{b}:{'same' if out[f'rows{b}_neighbours_equal'] else 'DIFF'}" for b in (1, 4, 16, 64))
+            + " with other neighbours; vs 1 row: " + ", ".join(
+            f"{b}:{'same' if out[f'rows{b}_equal_rows1'] else 'diff %.2g' % out[f'rows{b}_maxdiff_rows1']}"
+            for b in (4, 16, 64))))
         return out
 
     def tensors(self, model: Any) -> list[Any]:
@@ -238,8 +433,12 @@ class Check:
             self.sync()
             return got / (time.perf_counter() - t0)
 
-        ours()  # warm-up
+        ours()  # warm-up (and the graphs' captures)
         out["draftwise_none_tps"] = round(ours(), 1)
+        graphs, be.graphs, be.max_tree_nodes = be.graphs, None, None
+        ours()
+        out["draftwise_none_eager_tps"] = round(ours(), 1)  # the same without graphs
+        be.graphs, be.max_tree_nodes = graphs, graphs.max_rows - 1 if graphs else None
         ids = torch.tensor([prompt.tolist()], device=self.device)
         for name, kw in (("hf_eager_tps", {}), ("hf_static_tps", {"cache_implementation": "static"})):
             def theirs(kw: dict[str, Any] = kw) -> float:
@@ -256,11 +455,19 @@ class Check:
                 out[name] = f"{type(exc).__name__}: {str(exc)[:120]}"
         ratio = out["draftwise_none_tps"] / out["hf_eager_tps"] if isinstance(out["hf_eager_tps"], float) else None
         out["none_vs_hf_eager"] = round(ratio, 2) if ratio else None
-        self.rows.append((f"plain {shape}", f"draftwise none {out['draftwise_none_tps']} tok/s, "
+        self.rows.append((f"plain {shape}", f"draftwise none {out['draftwise_none_tps']} tok/s "
+                          f"(eager {out['draftwise_none_eager_tps']}), "
                           f"transformers eager {out['hf_eager_tps']}, static {out['hf_static_tps']}"))
         return out
 
     def identity(self) -> dict[str, Any]:
+        return self.identity_of(self.args.identity_shape)
+
+    def identity_large(self) -> dict[str, Any]:
+        """The same on the largest shape, whose buckets may disagree (some dropped)."""
+        return self.identity_of(self.args.shapes[-1])
+
+    def identity_of(self, shape: str) -> dict[str, Any]:
         import numpy as np
 
         import draftwise
@@ -268,7 +475,7 @@ class Check:
         from draftwise.core.costmodel import CostModel
         from draftwise.models.tokenizer import Tokenizer
 
-        shape, n = self.args.identity_shape, self.args.identity_tokens
+        n = self.args.identity_tokens
         cfg = config_of(shape)
         be, _ = self.build(shape, 2048)
         work = Path(tempfile.mkdtemp(prefix="dw-device-"))
@@ -294,7 +501,9 @@ class Check:
             return list(last.token_ids)
 
         want, hot = ids("none"), ids("none", temp=0.8, seed=3)
-        out: dict[str, Any] = {"shape": shape, "tokens": len(want)}
+        out: dict[str, Any] = {"shape": shape, "tokens": len(want), "backend": be.name,
+                               "buckets": list(be.graphs.buckets) if be.graphs else None,
+                               "rows_agree": be.graphs.agree if be.graphs else None}
         bad = []
         for spec in DRAFTERS:
             full = f"redrafter:bw=2,t=3,path={ckpt}" if spec == "redrafter" else spec
@@ -305,21 +514,25 @@ class Check:
             if not (same and seeded):
                 bad.append(spec)
         model.close_drafters()
-        self.rows.append((f"identity {shape}", "all equal none (greedy, seeded T=0.8)" if not bad
-                          else f"DIFFER: {', '.join(bad)}"))
+        self.rows.append((f"identity {shape}", ("all equal none (greedy, seeded T=0.8)" if not bad
+                          else f"DIFFER: {', '.join(bad)}") + f" [{be.name}, buckets {out['buckets']}]"))
         if bad:
             raise AssertionError(f"not identical to none: {bad}")
         return out
 
-    def report(self) -> None:
+    def write(self) -> None:
+        """``device_check.json`` and ``.md`` under ``--out`` or ``$OUT`` (when set)."""
         out = self.args.out or os.environ.get("OUT")
-        width = max(len(k) for k, _ in self.rows) if self.rows else 10
         table = "\n".join(f"| {k} | {v} |" for k, v in self.rows)
         md = f"# device check\n\n| check | result |\n|---|---|\n{table}\n"
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
             (Path(out) / "device_check.json").write_text(json.dumps(self.results, indent=1, default=str))
             (Path(out) / "device_check.md").write_text(md)
+
+    def report(self) -> None:
+        self.write()
+        width = max(len(k) for k, _ in self.rows) if self.rows else 10
         print("\n" + "\n".join(f"{k:<{width}}  {v}" for k, v in self.rows), flush=True)
 
 
@@ -359,6 +572,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="tiny shapes and short runs (the CPU smoke test)")
     p.add_argument("--out", default=None, help="folder for device_check.json/.md (default: $OUT)")
     p.add_argument("--skip", default="", help="comma-separated sections to skip")
+    p.add_argument("--only", default="", help="comma-separated sections to run (default: the check's)")
     a = p.parse_args(argv)
     if a.device not in ("cuda", "cpu"):
         p.error(f"--device must be cuda or cpu, got {a.device!r}")
@@ -383,9 +597,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     check = Check(args)
     skip = set(filter(None, args.skip.split(",")))
-    for name, fn in (("machine", check.machine), ("pytest-cuda", check.cuda_tests),
-                     ("curves", check.curves), ("plain", check.plain), ("identity", check.identity)):
-        if name not in skip:
+    only = set(filter(None, args.only.split(",")))
+    extra = {"profile": check.profile, "compiled": check.compiled}  # asked for by --only
+    # the slowest and least certain (transformers' static cache compiles) go last
+    for name, fn in (("machine", check.machine), ("curves", check.curves), ("probe", check.probe),
+                     ("identity", check.identity), ("identity-large", check.identity_large),
+                     ("pytest-cuda", check.cuda_tests),
+                     ("plain", check.plain), *extra.items()):
+        if name not in skip and (name in only if only else name not in extra):
             check.section(name, fn)
     check.report()
     failed = [k for k, v in check.results.items() if isinstance(v, dict) and "error" in v]

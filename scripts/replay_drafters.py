@@ -14,6 +14,13 @@ Example (the auto-vs-grid bench, replayed for two drafters)::
     OMP_NUM_THREADS=1 python scripts/replay_drafters.py bench/results/auto-vs-grid \\
         --prompts ../shared/bench/prompts/specbench.jsonl \\
         --drafters "auto,cacheback:ll=3,table=dynamic"
+
+Priced at a GPU's measured curve instead (``scripts/device_check.py``'s JSON and one of
+its shapes): the default model's acceptance at that device's costs, a prediction::
+
+    python scripts/replay_drafters.py bench/results/specbench-4bit-fused \
+        --prompts ../shared/bench/prompts/specbench.jsonl --drafters none,auto \
+        --curve bench/results/gpu-nvidia-h200/device_check.json:llama-3.1-8b --step-ms 0
 """
 
 from __future__ import annotations
@@ -77,6 +84,20 @@ class OracleBackend:
         self._len += int(keep.size)
 
 
+def read_curve(spec: str) -> CostModel:
+    """``path.json:shape`` -> that shape's graph curve (ms by rows) from a device check."""
+    import json
+
+    path, _, shape = spec.rpartition(":")
+    if not path or not Path(path).is_file():
+        raise SystemExit(f"--curve wants JSON:SHAPE with an existing file, got {spec!r}")
+    curves = json.loads(Path(path).read_text()).get("curves", {})
+    if shape not in curves or "graph_ms" not in curves[shape]:
+        raise SystemExit(f"no graph curve for {shape!r} in {path} (has {sorted(curves)})")
+    c = curves[shape]
+    return CostModel(rows=c["rows"], ms=c["graph_ms"])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bench", type=Path, help="a bench output folder (its records)")
@@ -85,7 +106,11 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=16)
     p.add_argument("--step-ms", type=float, default=None,
                    help="fixed per-step overhead in ms (default: bench none verify ms - cost(1))")
+    p.add_argument("--curve", default=None,
+                   help="JSON:SHAPE, a device_check.json and a shape of it: price verify steps "
+                        "(and prefill, 64 rows a step) at that device's graph curve")
     args = p.parse_args()
+    curve = read_curve(args.curve) if args.curve else None
 
     import draftwise
     from draftwise.api import Model
@@ -98,8 +123,10 @@ def main() -> None:
     data = read_results(args.bench)
     recs = [r for r in data["records"] if r["method"] == "none" and r["pass_no"] == 1]
     real = draftwise.load(data["config"].get("model_dir"), backend="torch", dtype="float32")
-    cost = real.assets.cost_profile(quiet=True)
-    oracle = OracleBackend(real.backend.vocab_size, real.backend.context_limit, cost)
+    cost = curve if curve is not None else real.assets.cost_profile(quiet=True)
+    # the oracle prices with a copy of its own: nothing auto learns may change the prices
+    priced = CostModel(rows=cost.rows.astype(int).tolist(), ms=cost.prior, contexts=cost.contexts.astype(int).tolist())
+    oracle = OracleBackend(real.backend.vocab_size, real.backend.context_limit, priced)
     model = Model(oracle, real.tokenizer, real.model_dir)
     stop = frozenset(real.tokenizer.eos_token_ids)
     chat = Chat(real.tokenizer)
@@ -120,6 +147,10 @@ def main() -> None:
     sim_none: dict[tuple[str, int], float] = {}
     for spec in specs:
         drafter = build_drafter(spec, model.drafting)
+        if hasattr(drafter, "observe_verify"):
+            # the oracle answers in microseconds: auto must plan with the priced curve,
+            # as it would on the device whose curve it is, not learn the oracle's speed
+            drafter.observe_verify = lambda *a: None  # type: ignore[method-assign]
         per_cat: dict[str, list[tuple[float, float]]] = defaultdict(list)  # (method tps, none tps)
         tokens = steps = nodes = 0
         host_total = 0.0
@@ -144,7 +175,10 @@ def main() -> None:
                 host_ms = (time.process_time() - t0) * 1e3
                 assert out == r["token_ids"], (pid, r["turn"])
                 host_total += host_ms
-                ms = host_ms + oracle.verify_ms + step_ms * n_steps + r["prefill_s"] * 1e3
+                prefill_ms = r["prefill_s"] * 1e3
+                if curve is not None:  # the device's own prefill: chunks of its widest step
+                    prefill_ms = -(-len(ids) // int(cost.rows[-1])) * float(cost.cost(int(cost.rows[-1]), 0))
+                ms = host_ms + oracle.verify_ms + step_ms * n_steps + prefill_ms
                 if spec == "none":
                     sim_none[pid, r["turn"]] = ms
                 base = sim_none.get((pid, r["turn"]), r["wall_s"] * 1e3)

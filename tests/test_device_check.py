@@ -30,7 +30,9 @@ def test_the_smoke_run_passes_and_writes_its_report(tmp_path):
     assert rc == 0
     res = json.loads((tmp_path / "device_check.json").read_text())
     assert res["pytest-cuda"]["exit"] in (0, 5)  # the cuda tests skip here
-    assert res["curves"]["tiny"]["ms"] and res["plain"]["draftwise_none_tps"] > 0
+    tiny = res["curves"]["tiny"]
+    assert len(tiny["graph_ms"]) == len(tiny["eager_ms"]) == 4 and 64 in tiny["buckets"]
+    assert res["plain"]["draftwise_none_tps"] > 0 and res["plain"]["draftwise_none_eager_tps"] > 0
     ident = res["identity"]
     assert all(ident[d]["greedy"] and ident[d]["seeded"] for d in dc.DRAFTERS)
     assert max(ident[d]["mat"] for d in dc.DRAFTERS) > 1.0  # trees were verified and accepted
