@@ -272,6 +272,49 @@ class Check:
         return {"shape": shape, "kernel_ms_per_step": total, "kernels": rows[:12],
                 "launches_per_step": sum(r[2] for r in rows)}
 
+    def buckets(self) -> dict[str, Any]:
+        """Which row buckets compute a row as the largest does, on the largest shape,
+        under cuBLAS settings that may change the GEMMs' reductions: as found;
+        ``allow_bf16_reduced_precision_reduction`` off; the cuBLAS (not cuBLASLt)
+        library. Each with its graph curve at 1, 4, 16 and 64 rows."""
+        import torch
+
+        from draftwise.backends.cuda.gpu.graphs import BUCKETS, StepGraphs
+        from draftwise.core.costprofile import measure_cost_curve
+
+        shape, ctx = self.args.shapes[-1], self.args.context
+        be, _ = self.build(shape, ctx + 128)
+        out: dict[str, Any] = {"shape": shape}
+        cuda = self.device.type == "cuda"
+        matmul = torch.backends.cuda.matmul
+        variants = [("as found", {})]
+        if cuda:
+            variants += [("no bf16 reduced-precision reduction", {"reduced": False}),
+                         ("cublas library", {"lib": "cublas"})]
+        for name, kw in variants:
+            saved_reduced = matmul.allow_bf16_reduced_precision_reduction
+            saved_lib = torch.backends.cuda.preferred_blas_library() if cuda else None
+            try:
+                if "reduced" in kw:
+                    matmul.allow_bf16_reduced_precision_reduction = kw["reduced"]
+                if "lib" in kw:
+                    torch.backends.cuda.preferred_blas_library(kw["lib"])
+                be.graphs = StepGraphs(be.model, buckets=BUCKETS)
+                be.reset()
+                cost = measure_cost_curve(be, rows=(1, 4, 16, 64), contexts=(ctx,), reps=self.args.reps)
+                ms = [round(float(x), 3) for x in cost.ms[0]]
+                out[name] = {"buckets": list(be.graphs.buckets), "graph_ms": ms}
+                self.rows.append((f"buckets {shape}, {name}", f"kept {list(be.graphs.buckets)}; "
+                                  + " / ".join(f"{m:.2f}" for m in ms) + " ms at 1, 4, 16, 64 rows"))
+            except Exception as exc:  # a setting this torch lacks: say so, try the next
+                out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+                self.rows.append((f"buckets {shape}, {name}", f"error {type(exc).__name__}: {str(exc)[:80]}"))
+            finally:
+                matmul.allow_bf16_reduced_precision_reduction = saved_reduced
+                if saved_lib is not None:
+                    torch.backends.cuda.preferred_blas_library(saved_lib)
+        return out
+
     def compiled(self) -> dict[str, Any]:
         """The largest shape's 64-row step with the forward compiled by torch.compile
         (inductor fuses the norms, RoPE and the MLP's elementwise work) and then captured:
@@ -598,7 +641,8 @@ def main(argv: list[str] | None = None) -> int:
     check = Check(args)
     skip = set(filter(None, args.skip.split(",")))
     only = set(filter(None, args.only.split(",")))
-    extra = {"profile": check.profile, "compiled": check.compiled}  # asked for by --only
+    extra = {"profile": check.profile, "compiled": check.compiled,  # asked for by --only
+             "buckets": check.buckets}
     # the slowest and least certain (transformers' static cache compiles) go last
     for name, fn in (("machine", check.machine), ("curves", check.curves), ("probe", check.probe),
                      ("identity", check.identity), ("identity-large", check.identity_large),
