@@ -39,6 +39,12 @@ def family_config(family: str, vocab: int):
         return transformers.MistralConfig(**SIZES, vocab_size=vocab, sliding_window=None)
     if family == "phi3":  # qkv_proj and gate_up_proj, as Phi-3-mini-4k
         return transformers.Phi3Config(**SIZES, vocab_size=vocab, pad_token_id=0)
+    if family == "gemma2":  # soft-capping, (1 + w) norms, sandwich norms, GeGLU, scaled queries
+        return transformers.Gemma2Config(**SIZES, vocab_size=vocab, head_dim=16, query_pre_attn_scalar=24,
+                                         attn_logit_softcapping=1.5, final_logit_softcapping=3.0)
+    if family == "gemma3":  # + q/k norms and a second RoPE base for the sliding layers
+        return transformers.Gemma3TextConfig(**SIZES, vocab_size=vocab, head_dim=16, query_pre_attn_scalar=16,
+                                             layer_types=["sliding_attention", "full_attention", "sliding_attention"])
     if family == "llama-linear":  # linear RoPE scaling
         return transformers.LlamaConfig(**SIZES, vocab_size=vocab, rope_parameters={
             "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
@@ -66,7 +72,8 @@ def save_family(family: str, out: Path, default_model_dir: Path):
     return out, model
 
 
-@pytest.fixture(scope="module", params=["llama3", "qwen2", "qwen3", "mistral", "phi3", "llama-linear"])
+@pytest.fixture(scope="module", params=["llama3", "qwen2", "qwen3", "mistral", "phi3", "llama-linear",
+                                        "gemma2", "gemma3"])
 def family(request, default_model_dir, tmp_path_factory):
     return request.param, *save_family(request.param, tmp_path_factory.mktemp(request.param) / "model",
                                        default_model_dir)

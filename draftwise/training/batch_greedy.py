@@ -21,6 +21,8 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -38,7 +40,11 @@ class _Batch:
         shape = (cfg.n_layers, 2, b, cfg.n_kv_heads, slots, cfg.head_dim)
         self.kv = torch.zeros(shape, dtype=model.dtype)  # (L, 2, B, H_kv, S, D)
         self.ok = torch.zeros((b, slots), dtype=torch.bool)  # (B, S) slot holds a real token
-        self.cos, self.sin = rope_tables(cfg, slots, model.dtype, torch.device("cpu"))
+        cpu = torch.device("cpu")
+        self.ropes = [rope_tables(cfg, slots, model.dtype, cpu)]  # gemma3: a second base
+        if cfg.local_layers:
+            local = replace(cfg, rope_theta=cfg.local_rope_theta, rope_type="default", rope_params={})
+            self.ropes.append(rope_tables(local, slots, model.dtype, cpu))
 
 
 def _left_padded(
@@ -71,20 +77,19 @@ def _forward(
     h, hkv, d, rep = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, model.n_rep
     b, t = tokens.shape
     end = st.ok.shape[1]  # every slot: a slice of the cache would make the matmuls copy it
-    cos = st.cos[positions].unsqueeze(2)  # (B', T, 1, D)
-    sin = st.sin[positions].unsqueeze(2)
+    ropes = [(c[positions].unsqueeze(2), sn[positions].unsqueeze(2)) for c, sn in st.ropes]  # (B', T, 1, D)
     causal = torch.ones((t, end), dtype=torch.bool).tril(start)  # (T, S) row i sees <= start+i
     own = torch.zeros((t, end), dtype=torch.bool)
     own[:, start : start + t] = torch.eye(t, dtype=torch.bool)  # a padding row sees itself
     allowed = (st.ok[rows, None] | own[None]) & causal[None]  # (B', T, S)
     allowed = allowed[:, None, None].expand(b, hkv, rep, t, end).reshape(b, hkv, rep * t, end)
-    x = model.embed[tokens]  # (B', T, C)
-    scale = d**-0.5
+    x = model.embed_rows(tokens)  # (B', T, C)
+    scale = d**-0.5 if cfg.attn_scale is None else cfg.attn_scale
     for li, layer in enumerate(model.layers):
         hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)
         qkv = linear(hn, layer.wqkv, layer.bqkv)  # (B', T, (H + 2 H_kv) D)
         qk = qkv[..., : (h + hkv) * d].view(b, t, h + hkv, d)  # (B', T, H + H_kv, D)
-        qk = model._rope(model.qk_norm(layer, qk), cos, sin)
+        qk = model._rope(model.qk_norm(layer, qk), *ropes[layer.rope])
         q = qk[:, :, :h]  # (B', T, H, D)
         kv = st.kv[li, :, rows]  # (2, B', H_kv, S, D)
         kv[0, :, :, start : start + t] = qk[:, :, h:].transpose(1, 2)
@@ -93,6 +98,8 @@ def _forward(
         # q head j reads kv head j // rep: (B', H_kv, rep T, D)
         qg = q.view(b, t, hkv, rep, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, rep * t, d)
         s = torch.matmul(qg, kv[0].transpose(-1, -2)).float() * scale  # (B', H_kv, rep T, S)
+        if cfg.attn_softcap is not None:
+            s = torch.tanh(s / cfg.attn_softcap) * cfg.attn_softcap
         p = s.masked_fill(~allowed, float("-inf")).softmax(-1).to(x.dtype)
         o = torch.matmul(p, kv[1])  # (B', H_kv, rep T, D)
         o = o.view(b, hkv, rep, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)

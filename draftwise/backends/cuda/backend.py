@@ -148,7 +148,8 @@ class TorchBackend(CacheBook, BatchMixin):
         # once, so plain and tree steps always share one arithmetic.
         self._torch_threads: int | None = None  # torch's count while a step sets its own
         self._native = None
-        if invariant and self.device.type == "cpu" and model.cache_dtype == torch.float32:
+        if (invariant and self.device.type == "cpu" and model.cache_dtype == torch.float32
+                and model.cfg.plain_attention):
             from draftwise.backends.cuda.cpu.native import attention_lib
 
             self._native = attention_lib()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from draftwise.backends.cuda.cpu.int4 import linear
 from draftwise.backends.cuda.llama import Llama, rms_norm
@@ -36,10 +35,7 @@ from draftwise.errors import DraftwiseError
 def mlp_block(model: Llama, li: int, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     """Residual + o_proj, then the MLP of layer ``li``; x, o: (..., C), (..., H D)."""
     layer = model.layers[li]
-    x = x + linear(o, layer.wo)  # (R, C)
-    hn = rms_norm(x, layer.mlp_norm, model.cfg.norm_eps)
-    gate, up = linear(hn, layer.w13).chunk(2, dim=-1)  # 2 x (R, F)
-    return x + linear(F.silu(gate) * up, layer.w2)  # (R, C)
+    return model.mlp_residual(layer, model.attn_residual(layer, x, o))  # (R, C)
 
 
 def single_token_logits(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
@@ -47,7 +43,7 @@ def single_token_logits(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
     cfg = model.cfg
     h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     b = tokens.shape[0]
-    x = model.embed[tokens]  # (B, C)
+    x = model.embed_rows(tokens)  # (B, C)
     for li, layer in enumerate(model.layers):
         hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)
         qkv = linear(hn, layer.wqkv, layer.bqkv)  # (B, (H + 2 H_kv) D)
@@ -99,22 +95,22 @@ class BatchMixin:
         with torch.inference_mode():
             tok = torch.from_numpy(host).to(model.device).reshape(-1)  # (k t,)
             pos = torch.arange(start, start + t, device=model.device)  # (t,)
-            cos = model.cos[pos].unsqueeze(1)  # (t, 1, D), broadcast over rows
-            sin = model.sin[pos].unsqueeze(1)
+            ropes = model.rope_rows(pos)  # per table: (t, 1, D) x 2, broadcast over rows
             own_mask = torch.ones(t, t, dtype=torch.bool, device=model.device).tril()
             own_mask = own_mask.repeat(rep, 1)  # (rep t, t): query row r*t + i
             kv_new = torch.empty((cfg.n_layers, 2, hkv, k, t, dd), dtype=model.dtype, device=model.device)
-            x = model.embed[tok]  # (k t, C)
+            x = model.embed_rows(tok)  # (k t, C)
             for li, layer in enumerate(model.layers):
                 hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)
                 qkv = linear(hn, layer.wqkv, layer.bqkv)  # (k t, (H + 2 H_kv) D)
                 qk = qkv[:, : (h + hkv) * dd].view(k, t, h + hkv, dd)
-                qk = model._rope(model.qk_norm(layer, qk), cos, sin)  # (k, t, H + H_kv, D)
+                qk = model._rope(model.qk_norm(layer, qk), *ropes[layer.rope])  # (k, t, H + H_kv, D)
                 q = qk[:, :, :h].view(k, t, hkv, rep, dd).permute(2, 0, 3, 1, 4)  # (H_kv, k, rep, t, D)
                 q = q.reshape(hkv, k, rep * t, dd)
                 kv_new[li, 0] = qk[:, :, h:].permute(2, 0, 1, 3)  # (H_kv, k, t, D)
                 kv_new[li, 1] = qkv[:, (h + hkv) * dd :].view(k, t, hkv, dd).permute(2, 0, 1, 3)
-                o = _attend(q, model.cache[li, :, :, :start], kv_new[li], own_mask)
+                o = _attend(q, model.cache[li, :, :, :start], kv_new[li], own_mask,
+                            cfg.attn_scale, cfg.attn_softcap)
                 o = o.view(hkv, k, rep, t, dd).permute(1, 3, 0, 2, 4).reshape(k * t, h * dd)
                 x = mlp_block(model, li, x, o)
             logits = model.logits(rms_norm(x, model.norm, cfg.norm_eps))  # (k t, V)
@@ -138,19 +134,26 @@ class BatchMixin:
         self._batch_kv = None
 
 
-def _attend(q: torch.Tensor, prefix: torch.Tensor, own: torch.Tensor, own_mask: torch.Tensor) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, prefix: torch.Tensor, own: torch.Tensor, own_mask: torch.Tensor,
+    scale: float | None = None, softcap: float | None = None,
+) -> torch.Tensor:
     """Attention of q (H_kv, k, R, D) over the shared cached ``prefix`` (2, H_kv, S, D)
-    and each row's own keys ``own`` (2, H_kv, k, t, D) under ``own_mask`` (R, t).
+    and each row's own keys ``own`` (2, H_kv, k, t, D) under ``own_mask`` (R, t), scores
+    scaled by ``scale`` (None: D ** -0.5) and soft-capped at ``softcap`` (gemma2).
     Returns (H_kv, k, R, D)."""
     hkv, k, r, d = q.shape
     s = prefix.shape[2]
-    scale = d**-0.5
+    scale = d**-0.5 if scale is None else scale
     qf = q.float()
     # All k R queries of a kv head against the cache in one matmul: no per-row copy.
     sp = torch.matmul(qf.reshape(hkv, k * r, d), prefix[0].float().transpose(1, 2))  # (H_kv, k R, S)
     so = torch.matmul(qf, own[0].float().transpose(-1, -2))  # (H_kv, k, R, t)
-    so = so.masked_fill(~own_mask, float("-inf"))
     scores = torch.cat([sp.view(hkv, k, r, s), so], dim=-1) * scale  # (H_kv, k, R, S + t)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    own_bias = torch.zeros(own_mask.shape, dtype=scores.dtype, device=scores.device)
+    scores[..., s:] += own_bias.masked_fill(~own_mask, float("-inf"))  # (R, t) on the own keys
     p = torch.softmax(scores, dim=-1)
     out = torch.matmul(p[..., s:], own[1].float())  # (H_kv, k, R, D)
     if s:

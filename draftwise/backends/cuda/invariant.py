@@ -106,18 +106,27 @@ def make_plan(
     return Plan(shared, torch.from_numpy(idx).to(device), torch.from_numpy(bias).to(device))
 
 
-def plan_attention(q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int) -> torch.Tensor:
+def plan_attention(
+    q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int,
+    scale: float | None = None, softcap: float | None = None,
+) -> torch.Tensor:
     """(H, T, D) queries over one layer's cache following ``plan``: the native kernel when
-    the plan carries it, else ``block_attention``. Returns (T, H D) float32."""
+    the plan carries it (plain attention only), else ``block_attention``. Returns (T, H D)
+    float32."""
     if plan.native is not None:
-        assert plan.extra is not None and plan.n_extra is not None
+        assert plan.extra is not None and plan.n_extra is not None and scale is None and softcap is None
         return native_attention(plan.native, q, kv, plan.committed, plan.extra, plan.n_extra)
-    return block_attention(q, kv, plan, rep)
+    return block_attention(q, kv, plan, rep, scale, softcap)
 
 
-def block_attention(q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int) -> torch.Tensor:
+def block_attention(
+    q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int,
+    scale: float | None = None, softcap: float | None = None,
+) -> torch.Tensor:
     """Attention of ``q`` (H, T, D) over one layer's cache ``kv`` (2, H_kv, T_max, D)
     following ``plan``; returns (T, H D) float32. Row-invariant: see the module doc.
+    ``scale``: of the scores (None: D ** -0.5); ``softcap``: scores become
+    ``tanh(s / cap) * cap`` (gemma2), elementwise, so rows stay invariant.
 
     Rows of ``q`` beyond the plan's are padding (copies of row 0 that only keep the
     linear layers' row count at ``min_rows``): they get row 0's output, uncomputed."""
@@ -127,7 +136,7 @@ def block_attention(q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int) -> 
     hkv = h // rep
     heads = rep  # the query heads per kv head that are real; the rest is padding
     # Scale q first (elementwise), so the score GEMMs are plain q @ K^T.
-    qf = q.float().mul(d**-0.5).view(hkv, rep, t, d)  # (H_kv, rep, T, D)
+    qf = q.float().mul(d**-0.5 if scale is None else scale).view(hkv, rep, t, d)  # (H_kv, rep, T, D)
     if rep < MIN_GEMM_ROWS:  # every GEMM below then has M >= MIN_GEMM_ROWS rows
         qf, rep = F.pad(qf, (0, 0, 0, 0, 0, MIN_GEMM_ROWS - rep)), MIN_GEMM_ROWS  # zero heads
     qt = qf.transpose(1, 2)  # (H_kv, T, rep, D)
@@ -137,6 +146,8 @@ def block_attention(q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int) -> 
     kvt = kvt.view(2, hkv, t, -1, d)  # (2, H_kv, T, nT B, D)
     kt, vt = kvt[0], kvt[1]  # (H_kv, T, nT B, D)
     st = qt @ kt.transpose(-1, -2)  # (H_kv, T, rep, nT B)
+    if softcap is not None:
+        st = torch.tanh(st / softcap) * softcap
     st = st + plan.tail_bias  # padding -> -inf (adding 0 changes nothing)
     m = st.amax(-1, keepdim=True)  # (H_kv, T, rep, 1)
     ns = plan.shared // BLOCK
@@ -145,6 +156,8 @@ def block_attention(q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int) -> 
         vs = kv[1, :, : plan.shared].float().view(hkv, ns, BLOCK, d)  # (H_kv, nS, B, D)
         ss = qf.reshape(hkv, rep * t, d) @ ks.transpose(-1, -2)  # (H_kv, rep T, S)
         ss = ss.view(hkv, rep, t, plan.shared).transpose(1, 2)  # (H_kv, T, rep, S)
+        if softcap is not None:
+            ss = torch.tanh(ss / softcap) * softcap
         m = torch.maximum(m, ss.amax(-1, keepdim=True))  # (H_kv, T, rep, 1)
     nt = st.shape[-1] // BLOCK
     et = torch.exp(st - m).view(hkv, t, rep, nt, BLOCK)  # (H_kv, T, rep, nT, B)

@@ -6,8 +6,12 @@ ONE tensor ``(L, 2, H_kv, T_max, D)`` written by slot index (as in gpt-fast): re
 draft rows are simply overwritten by the next step, and keeping a draft path is a single
 indexed gather over all layers at once (``Llama.move_slots``).
 
-Supported ``model_type``: llama, mistral and qwen2 (the same block; qwen2 adds a bias on
-the q/k/v projections). RoPE types: "default" and "llama3".
+Supported ``model_type``: llama, mistral, qwen2 (a bias on q/k/v), qwen3 (per-head q/k
+norms), phi3 (fused projections), gemma2 and gemma3_text. The families differ only by
+data in ``LlamaConfig`` (``family_fields``): norms with a (1 + w) scale, norms after
+attention and MLP, the MLP's activation, embeddings scaled by sqrt(hidden), the attention
+scale and logit soft-capping, a second RoPE base for sliding layers. RoPE types:
+"default", "llama3" and "linear".
 
 Example::
 
@@ -23,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +43,11 @@ from draftwise.backends.cuda.invariant import Plan, plan_attention
 from draftwise.backends.gguf_q4 import HEAD, Q4, FourBit, dequantize
 from draftwise.errors import DraftwiseError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
 # families with a per-head RMSNorm on q and k before RoPE (weights q_norm, k_norm: (D,))
-QK_NORM_TYPES = ("qwen3",)
+QK_NORM_TYPES = ("qwen3", "gemma3_text")
+GEMMA_TYPES = ("gemma2", "gemma3_text")
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 # families that store q/k/v as one qkv_proj and gate/up as one gate_up_proj (the fused
 # layout this forward uses anyway: read as they are, gate rows before up rows)
@@ -67,8 +73,27 @@ class LlamaConfig:
     max_positions: int
     attention_bias: bool
     tie_embeddings: bool
-    qk_norm: bool = False  # qwen3: RMSNorm over each head's q and k before RoPE
+    qk_norm: bool = False  # qwen3, gemma3: RMSNorm over each head's q and k before RoPE
     fused_proj: bool = False  # phi3: qkv_proj and gate_up_proj in the checkpoint
+    # gemma2 / gemma3 (``family_fields``): every RMSNorm scales by (1 + w) (folded into
+    # w at load); norms after attention and after the MLP as well as before; the MLP's
+    # activation; embeddings times sqrt(hidden); the attention's scale when it is not
+    # head_dim ** -0.5; tanh soft-capping of attention scores and of the logits; the
+    # RoPE base of sliding-window layers (gemma3) and which layers those are
+    norm_offset: bool = False
+    sandwich_norms: bool = False
+    act: str = "silu"
+    embed_scale: float | None = None
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    local_rope_theta: float | None = None
+    local_layers: tuple[int, ...] = ()
+
+    @property
+    def plain_attention(self) -> bool:
+        """Softmax of q k^T / sqrt(head_dim), nothing more (the compiled kernels' case)."""
+        return self.attn_scale is None and self.attn_softcap is None
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> LlamaConfig:
@@ -79,8 +104,10 @@ class LlamaConfig:
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
         # transformers 5 moved rope settings into `rope_parameters`; older files use
-        # `rope_theta` + `rope_scaling`.
+        # `rope_theta` + `rope_scaling`. gemma3 keeps one set per layer type.
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        if isinstance(rope.get("full_attention"), dict):
+            rope = dict(rope["full_attention"])
         theta = cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -97,7 +124,8 @@ class LlamaConfig:
         # Sliding-window attention equals full attention while the sequence fits in the
         # window, so a windowed model is served exactly by capping the context there.
         window = cfg.get("sliding_window")
-        if window is not None and (model_type == "mistral" or cfg.get("use_sliding_window")):
+        sliding = "sliding_attention" in (cfg.get("layer_types") or ()) or model_type in GEMMA_TYPES
+        if window is not None and (model_type == "mistral" or cfg.get("use_sliding_window") or sliding):
             max_positions = min(max_positions, int(window))
         n_heads = int(cfg["num_attention_heads"])
         dim = int(cfg["hidden_size"])
@@ -120,7 +148,39 @@ class LlamaConfig:
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qk_norm=model_type in QK_NORM_TYPES,
             fused_proj=model_type in FUSED_PROJ_TYPES,
+            **family_fields(cfg, model_type, dim, int(cfg.get("head_dim") or dim // n_heads)),
         )
+
+
+def family_fields(cfg: dict[str, Any], model_type: str, dim: int, head_dim: int) -> dict[str, Any]:
+    """The ``LlamaConfig`` fields by which gemma2 and gemma3 differ from llama (the
+    llama defaults for every other family)."""
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    if act not in ACTIVATIONS:
+        raise DraftwiseError(f"unsupported activation {act!r} (supported: {', '.join(ACTIVATIONS)})")
+    if model_type not in GEMMA_TYPES:
+        return {"act": act}
+    out: dict[str, Any] = {"norm_offset": True, "sandwich_norms": True, "act": act,
+                           "embed_scale": math.sqrt(dim)}
+    scalar = cfg.get("query_pre_attn_scalar")
+    if scalar is not None and float(scalar) != float(head_dim):
+        out["attn_scale"] = float(scalar) ** -0.5
+    for key, field in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "final_softcap")):
+        cap = cfg.get(key)
+        if cap is not None:
+            if not isinstance(cap, (int, float)) or cap <= 0:
+                raise DraftwiseError(f"config.json: {key} must be a positive number, got {cap!r}")
+            out[field] = float(cap)
+    if model_type == "gemma3_text":
+        params = cfg.get("rope_parameters") or {}
+        local = params.get("sliding_attention") if isinstance(params, dict) else None
+        theta = (local or {}).get("rope_theta") or cfg.get("rope_local_base_freq") or 10000.0
+        if local and local.get("rope_type", "default") != "default":
+            raise DraftwiseError(f"unsupported rope type {local.get('rope_type')!r} for sliding layers")
+        types = cfg.get("layer_types") or []
+        out["local_rope_theta"] = float(theta)
+        out["local_layers"] = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    return out
 
 
 MAX_SIZE = 1 << 20  # any one size of a config (hidden, heads, vocab, ...) stays below this
@@ -179,6 +239,9 @@ def expected_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
             out |= {a + "q_proj.bias": (h * d,), a + "k_proj.bias": (kv * d,), a + "v_proj.bias": (kv * d,)}
         if cfg.qk_norm:
             out |= {a + "q_norm.weight": (d,), a + "k_norm.weight": (d,)}
+        if cfg.sandwich_norms:
+            out |= {p + "pre_feedforward_layernorm.weight": (c,),
+                    p + "post_feedforward_layernorm.weight": (c,)}
     return out
 
 
@@ -208,6 +271,9 @@ class Layer:
     w2: Weight  # (C, F)
     q_norm: torch.Tensor | None = None  # (D,) qwen3's per-head norm of q, before RoPE
     k_norm: torch.Tensor | None = None  # (D,) and of k
+    post_attn_norm: torch.Tensor | None = None  # (C,) gemma: on attention's output
+    post_mlp_norm: torch.Tensor | None = None  # (C,) gemma: on the MLP's output
+    rope: int = 0  # which RoPE table (gemma3's sliding layers: 1)
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
@@ -381,6 +447,12 @@ class Llama:
         def fuse(*names: str) -> torch.Tensor:
             return torch.cat([take(n) for n in names], dim=0).contiguous()
 
+        def norm(name: str) -> torch.Tensor:
+            """An RMSNorm weight; gemma's (1 + w) folded in, in float32 as it computes it."""
+            if cfg.norm_offset and name in weights:
+                weights[name] = 1.0 + weights[name].float()
+            return take(name)
+
         native_f32 = q4 is None and f32.available(dtype, device)
         # every linear row-invariant by construction (f32.c): no padding rows needed
         self.native_f32 = native_f32
@@ -429,20 +501,27 @@ class Llama:
                 bias = None
                 if cfg.attention_bias:
                     bias = fuse(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias")
+                # gemma: post_attention_layernorm is on attention's output, and the MLP
+                # has its own pre- and post-norms; llama's is the MLP's pre-norm
+                sw = cfg.sandwich_norms
                 self.layers.append(
                     Layer(
-                        attn_norm=take(p + "input_layernorm.weight"),
+                        attn_norm=norm(p + "input_layernorm.weight"),
                         wqkv=lin(*qkv_names),
                         bqkv=bias,
                         wo=lin(a + "o_proj.weight"),
-                        mlp_norm=take(p + "post_attention_layernorm.weight"),
+                        mlp_norm=norm(p + ("pre_feedforward_layernorm.weight" if sw
+                                           else "post_attention_layernorm.weight")),
                         w13=lin(*w13_names),
                         w2=lin(p + "mlp.down_proj.weight"),
-                        q_norm=take(a + "q_norm.weight") if cfg.qk_norm else None,
-                        k_norm=take(a + "k_norm.weight") if cfg.qk_norm else None,
+                        q_norm=norm(a + "q_norm.weight") if cfg.qk_norm else None,
+                        k_norm=norm(a + "k_norm.weight") if cfg.qk_norm else None,
+                        post_attn_norm=norm(p + "post_attention_layernorm.weight") if sw else None,
+                        post_mlp_norm=norm(p + "post_feedforward_layernorm.weight") if sw else None,
+                        rope=1 if i in cfg.local_layers else 0,
                     )
                 )
-            self.norm = take("model.norm.weight")  # (C,)
+            self.norm = norm("model.norm.weight")  # (C,)
             if "lm_head.weight" in weights and not cfg.tie_embeddings:
                 self.lm_head = take("lm_head.weight")  # (V, C)
             else:
@@ -460,9 +539,20 @@ class Llama:
                     f"{', '.join(sorted(unused)[:3])}"
                 )
             self.cos, self.sin = rope_tables(cfg, max_cache_len, dtype, device)
+            # (cos, sin) per table: the model's, and gemma3's sliding layers' own base
+            self.ropes = [(self.cos, self.sin)]
+            if cfg.local_layers:
+                local = replace(cfg, rope_theta=cfg.local_rope_theta, rope_type="default", rope_params={})
+                self.ropes.append(rope_tables(local, max_cache_len, dtype, device))
             half = cfg.head_dim // 2
             # sin with its first half negated: rotate_half(x) * sin == roll(x) * this
-            self.sin_signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], dim=-1)
+            self.sins_signed = [torch.cat([-sn[:, :half], sn[:, half:]], dim=-1) for _, sn in self.ropes]
+            self.sin_signed = self.sins_signed[0]
+            self.act = ACTIVATIONS[cfg.act]
+            # gemma: embeddings times sqrt(hidden), rounded to the compute dtype first (as
+            # transformers does)
+            self.embed_scale = (None if cfg.embed_scale is None
+                                else torch.tensor(cfg.embed_scale, dtype=dtype, device=device))
             self.max_cache_len = max_cache_len
             self.last_x: torch.Tensor | None = None  # (T, C) of the last forward
             self.cache = torch.zeros(
@@ -496,6 +586,51 @@ class Llama:
         q = rms_norm(qk[..., :h, :], layer.q_norm, eps)  # (..., H, D)
         k = rms_norm(qk[..., h:, :], layer.k_norm, eps)  # (..., H_kv, D)
         return torch.cat([q, k], dim=-2)  # (..., H + H_kv, D)
+
+    # ----- the pieces every forward shares (the family differences live here) ----------
+    def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(..., C) input embeddings of ``tokens`` (gemma: times sqrt(hidden))."""
+        x = self.embed[tokens]
+        return x if self.embed_scale is None else x * self.embed_scale
+
+    def rope_rows(self, positions: torch.Tensor, signed: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) of ``positions`` (T,) as (T, 1, D) each, per RoPE table (a layer
+        takes ``ropes[layer.rope]``); ``signed``: sin with its first half negated."""
+        sins = self.sins_signed if signed else [sn for _, sn in self.ropes]
+        return [(c[positions].unsqueeze(1), sn[positions].unsqueeze(1)) for (c, _), sn in zip(self.ropes, sins)]
+
+    def attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Softmax attention ``q`` (1, H_kv, R, D) over ``keys``/``values`` (1, H_kv, S, D)
+        under ``mask`` (R, S): bool (True = may attend) or an additive bias. SDPA, or with
+        gemma2's score soft-capping written out as transformers does (float32 softmax)."""
+        cfg = self.cfg
+        if cfg.attn_softcap is None:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=cfg.attn_scale)
+        scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
+        cap = cfg.attn_softcap
+        s = torch.tanh((q @ keys.transpose(-1, -2)) * scale / cap) * cap  # (1, H_kv, R, S)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+        return torch.softmax(s.float(), dim=-1).to(q.dtype) @ values  # (1, H_kv, R, D)
+
+    def attn_residual(self, layer: Layer, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The residual stream ``x`` (T, C) plus attention's output ``o`` (T, H D) projected
+        (gemma: and normed)."""
+        a = linear(o, layer.wo)  # (T, C)
+        if layer.post_attn_norm is not None:
+            a = rms_norm(a, layer.post_attn_norm, self.cfg.norm_eps)
+        return x + a
+
+    def mlp_residual(self, layer: Layer, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (..., C) plus the MLP of its norm (gemma: GeGLU, and normed after)."""
+        hn = rms_norm(x, layer.mlp_norm, self.cfg.norm_eps)  # (..., C)
+        gate, up = linear(hn, layer.w13).chunk(2, dim=-1)  # 2 x (..., F)
+        m = linear(self.act(gate) * up, layer.w2)  # (..., C)
+        if layer.post_mlp_norm is not None:
+            m = rms_norm(m, layer.post_mlp_norm, self.cfg.norm_eps)
+        return x + m
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: (T, H, D); cos/sin: (T, 1, D). rotate_half convention, as in transformers.
@@ -535,18 +670,17 @@ class Llama:
             return self.logits(xn) if need_logits else None
         end = start + t
         h, hkv, d, rep = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.n_rep
-        cos = self.cos[positions].unsqueeze(1)  # (T, 1, D)
-        sin = self.sin[positions].unsqueeze(1)  # (T, 1, D)
+        ropes = self.rope_rows(positions)  # per table: (T, 1, D) x 2
         if mask is not None:
             # Queries are grouped per kv head as (H_kv, rep * T) rows (see below), so the
             # (T, S) mask is tiled rep times along the rows.
             mask = mask.repeat(rep, 1)  # (rep T, S)
-        x = self.embed[tokens]  # (T, C)
+        x = self.embed_rows(tokens)  # (T, C)
         for li, layer in enumerate(self.layers):
             hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)  # (T, C)
             qkv = linear(hn, layer.wqkv, layer.bqkv)  # (T, (H + 2 H_kv) D)
             qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # (T, H + H_kv, D)
-            qk = self._rope(self.qk_norm(layer, qk), cos, sin)  # (T, H + H_kv, D): one RoPE
+            qk = self._rope(self.qk_norm(layer, qk), *ropes[layer.rope])  # (T, H + H_kv, D): one RoPE
             q = qk[:, :h].transpose(0, 1)  # (H, T, D)
             k = qk[:, h:].transpose(0, 1)  # (H_kv, T, D)
             v = qkv[:, (h + hkv) * d :].view(t, hkv, d).transpose(0, 1)  # (H_kv, T, D)
@@ -554,7 +688,7 @@ class Llama:
             kv[0, :, start : start + w] = k[:, :w]
             kv[1, :, start : start + w] = v[:, :w]
             if plan is not None:
-                o = plan_attention(q, kv, plan, rep).to(x.dtype)  # (T, H D)
+                o = plan_attention(q, kv, plan, rep, cfg.attn_scale, cfg.attn_softcap).to(x.dtype)  # (T, H D)
             else:
                 # (a no-op cast unless the cache is kept in float32: invariant prefill)
                 keys = kv[0, :, :end].unsqueeze(0).to(q.dtype)  # (1, H_kv, S, D)
@@ -562,14 +696,11 @@ class Llama:
                 # GQA without repeating K/V: the rep query heads sharing a kv head become
                 # rep * T query rows of that head (HF's repeat_kv: q head j -> kv j // rep).
                 qg = q.reshape(1, hkv, rep * t, d)  # (1, H_kv, rep T, D)
-                # (1, H_kv, rep T, D)
-                o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
+                o = self.attention(qg, keys, values, mask)  # (1, H_kv, rep T, D)
                 # reshape: CUDA's kernels may return o with other strides than CPU's
                 o = o.reshape(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, H D)
-            x = x + linear(o, layer.wo)  # (T, C)
-            hn = rms_norm(x, layer.mlp_norm, cfg.norm_eps)  # (T, C)
-            gate, up = linear(hn, layer.w13).chunk(2, dim=-1)  # 2 x (T, F)
-            x = x + linear(F.silu(gate) * up, layer.w2)  # (T, C)
+            x = self.attn_residual(layer, x, o)  # (T, C)
+            x = self.mlp_residual(layer, x)  # (T, C)
         # Kept on the device (a reference, no copy): a drafter conditioned on the target's
         # last hidden state (ReDrafter) reads a row of it after ``commit``.
         self.last_x = x  # (T, C) residual stream before the final norm
@@ -594,17 +725,17 @@ class Llama:
         cfg = self.cfg
         t = tokens.shape[0]
         h, hkv, d, rep = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.n_rep
-        cos = self.cos[positions].unsqueeze(1)  # (B, 1, D)
-        sin = self.sin_signed[positions].unsqueeze(1)  # (B, 1, D)
+        ropes = self.rope_rows(positions, signed=True)  # per table: (B, 1, D) x 2
         half = cfg.head_dim // 2
         # queries grouped per kv head as (H_kv, rep B) rows, as in ``forward``
         bias = bias.to(self.dtype).repeat(rep, 1)  # (rep B, S)
-        x = self.embed[tokens]  # (B, C)
+        x = self.embed_rows(tokens)  # (B, C)
         for li, layer in enumerate(self.layers):
             hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)  # (B, C)
             qkv = linear(hn, layer.wqkv, layer.bqkv)  # (B, (H + 2 H_kv) D)
             qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # (B, H + H_kv, D)
             qk = self.qk_norm(layer, qk)
+            cos, sin = ropes[layer.rope]
             # RoPE in three launches (``_rope`` takes five): x cos + roll(x) sin_signed
             qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)  # (B, H + H_kv, D)
             q = qk[:, :h].transpose(0, 1)  # (H, B, D)
@@ -616,12 +747,10 @@ class Llama:
             keys = kv[0].unsqueeze(0).to(q.dtype)  # (1, H_kv, S, D)
             values = kv[1].unsqueeze(0).to(q.dtype)  # (1, H_kv, S, D)
             qg = q.reshape(1, hkv, rep * t, d)  # (1, H_kv, rep B, D)
-            o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=bias)
+            o = self.attention(qg, keys, values, bias)  # (1, H_kv, rep B, D)
             o = o.reshape(h, t, d).transpose(0, 1).reshape(t, h * d)  # (B, H D)
-            x = x + linear(o, layer.wo)  # (B, C)
-            hn = rms_norm(x, layer.mlp_norm, cfg.norm_eps)  # (B, C)
-            gate, up = linear(hn, layer.w13).chunk(2, dim=-1)  # 2 x (B, F)
-            x = x + linear(F.silu(gate) * up, layer.w2)  # (B, C)
+            x = self.attn_residual(layer, x, o)  # (B, C)
+            x = self.mlp_residual(layer, x)  # (B, C)
         self.last_x = x  # (B, C)
         return self.logits(rms_norm(x, self.norm, cfg.norm_eps))  # (B, V)
 
@@ -629,9 +758,11 @@ class Llama:
         """The head over final-normed rows ``xn`` (T, C) -> (T, V): its 4-bit codes in the
         4bit mode when the GGUF has them, its packed float32 copy where the AVX2 kernel
         runs, else the dense ``lm_head``."""
-        if self.head_q is not None:
-            return self.head_q(xn)
-        return F.linear(xn, self.lm_head)
+        out = self.head_q(xn) if self.head_q is not None else F.linear(xn, self.lm_head)
+        if self.cfg.final_softcap is not None:  # gemma2: tanh soft-capping of the logits
+            cap = self.cfg.final_softcap
+            out = torch.tanh(out / cap) * cap
+        return out
 
     def final_hidden(self, x: torch.Tensor) -> torch.Tensor:
         """The last-layer hidden state (after the final norm) of residual rows ``x``

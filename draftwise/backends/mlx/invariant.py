@@ -87,10 +87,12 @@ def make_plan(committed: int, rows: Sequence[Sequence[int]]) -> Plan:
 
 
 def block_attention(
-    q: mx.array, keys: mx.array, values: mx.array, plan: Plan, scale: float
+    q: mx.array, keys: mx.array, values: mx.array, plan: Plan, scale: float,
+    softcap: float | None = None,
 ) -> mx.array:
     """Attention of ``q`` (1, H, T, D) over one layer's cache ``keys``/``values``
-    (1, H_kv, T_alloc, D) following ``plan``; returns (1, T, H D) float32."""
+    (1, H_kv, T_alloc, D) following ``plan``; returns (1, T, H D) float32. ``softcap``
+    (gemma2): scores become ``tanh(s / cap) * cap``, elementwise."""
     _, h, t, d = q.shape
     hkv = keys.shape[1]
     rep = h // hkv  # query head j reads kv head j // rep
@@ -101,6 +103,8 @@ def block_attention(
     kt = mx.take(k0, plan.tail_idx, axis=1).astype(f32)  # (H_kv, T, nT B, D)
     vt = mx.take(v0, plan.tail_idx, axis=1).astype(f32)  # (H_kv, T, nT B, D)
     st = qf.transpose(0, 2, 1, 3) @ kt.swapaxes(-1, -2)  # (H_kv, T, rep, nT B)
+    if softcap is not None:
+        st = mx.tanh(st / softcap) * softcap
     st = mx.where(plan.tail_ok[None, :, None, :], st, -mx.inf)
     m = st.max(-1, keepdims=True)  # (H_kv, T, rep, 1)
     ns = plan.shared // BLOCK
@@ -109,6 +113,8 @@ def block_attention(
         vs = v0[:, : plan.shared].astype(f32).reshape(hkv, ns, BLOCK, d)  # (H_kv, nS, B, D)
         ss = qf.reshape(hkv, rep * t, d) @ ks.swapaxes(-1, -2)  # (H_kv, rep T, S)
         ss = ss.reshape(hkv, rep, t, plan.shared).transpose(0, 2, 1, 3)  # (H_kv, T, rep, S)
+        if softcap is not None:
+            ss = mx.tanh(ss / softcap) * softcap
         m = mx.maximum(m, ss.max(-1, keepdims=True))  # (H_kv, T, rep, 1)
     nt = st.shape[-1] // BLOCK
     et = mx.exp(st - m).reshape(hkv, t, rep, nt, BLOCK)  # (H_kv, T, rep, nT, B)

@@ -40,7 +40,10 @@ Mask = mx.array | str | None
 
 
 class Llama:
-    """An mlx-lm llama/mistral/qwen2/qwen3/phi3 module plus a KV cache; batch size 1."""
+    """An mlx-lm llama/mistral/qwen2/qwen3/phi3/gemma2/gemma3_text module plus a KV cache;
+    batch size 1. gemma's differences are read off the module and its config: embeddings
+    times sqrt(hidden) (as transformers rounds it, not mlx-lm's bfloat16 rounding), norms
+    after attention and the MLP, score and logit soft-capping."""
 
     def __init__(self, module: nn.Module, cfg: dict[str, Any], max_cache_len: int) -> None:
         self.module = module
@@ -48,7 +51,13 @@ class Llama:
         self.embed = inner.embed_tokens
         self.layers = list(inner.layers)
         self.norm = inner.norm
-        self.tied = bool(module.args.tie_word_embeddings)
+        tied = getattr(module, "tie_word_embeddings", getattr(module.args, "tie_word_embeddings", None))
+        self.tied = bool(tied) if tied is not None else not hasattr(module, "lm_head")
+        gemma = cfg.get("model_type") in ("gemma2", "gemma3_text")
+        self.embed_scale = float(cfg["hidden_size"]) ** 0.5 if gemma else None
+        self.sandwich = gemma  # post-attention and pre/post-MLP norms
+        self.attn_softcap = cfg.get("attn_logit_softcapping") if gemma else None
+        self.final_softcap = cfg.get("final_logit_softcapping") if gemma else None
         attn = self.layers[0].self_attn
         self.n_heads, self.n_kv_heads = int(attn.n_heads), int(attn.n_kv_heads)
         self.head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
@@ -114,6 +123,8 @@ class Llama:
         self.ensure(end)
         h, hkv = self.n_heads, self.n_kv_heads
         x = self.embed(tokens[None])  # (1, T, C)
+        if self.embed_scale is not None:  # gemma: sqrt(hidden) in the compute dtype
+            x = x * mx.array(self.embed_scale, dtype=x.dtype)
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             hn = layer.input_layernorm(x)  # (1, T, C)
@@ -129,25 +140,50 @@ class Llama:
             self.keys[li][:, :, start : start + w, :] = k[:, :, :w]
             self.values[li][:, :, start : start + w, :] = v[:, :, :w]
             if plan is not None:
-                o = block_attention(q, self.keys[li], self.values[li], plan, attn.scale)
+                o = block_attention(q, self.keys[li], self.values[li], plan, attn.scale, self.attn_softcap)
                 o = o.astype(x.dtype)  # (1, T, H D)
             else:
                 keys = self.keys[li][:, :, :end, :]  # (1, H_kv, S, D)
                 values = self.values[li][:, :, :end, :]  # (1, H_kv, S, D)
-                # GQA is native: H query heads share H_kv key heads; the mask broadcasts.
-                o = mx.fast.scaled_dot_product_attention(
-                    q, keys, values, scale=attn.scale, mask=mask
-                )  # (1, H, T, D)
+                o = self._attend(q, keys, values, attn.scale, mask, end)  # (1, H, T, D)
                 o = o.transpose(0, 2, 1, 3).reshape(1, t, h * self.head_dim)  # (1, T, H D)
-            x = x + attn.o_proj(o)  # (1, T, C)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))  # (1, T, C)
+            if self.sandwich:  # gemma: normed outputs, the MLP's own pre-norm
+                x = x + layer.post_attention_layernorm(attn.o_proj(o))  # (1, T, C)
+                x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+            else:
+                x = x + attn.o_proj(o)  # (1, T, C)
+                x = x + layer.mlp(layer.post_attention_layernorm(x))  # (1, T, C)
         # Kept (lazy) for a drafter conditioned on the target's hidden state (ReDrafter).
         self.last_x = x[0]  # (T, C) residual stream before the final norm
         if not need_logits:
             return None
         x = self.norm(x)  # (1, T, C)
         logits = self.embed.as_linear(x) if self.tied else self.module.lm_head(x)  # (1, T, V)
+        if self.final_softcap is not None:  # gemma2: tanh soft-capping of the logits
+            logits = mx.tanh(logits / self.final_softcap) * self.final_softcap
         return logits[0]  # (T, V)
+
+    def _attend(
+        self, q: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Mask, end: int
+    ) -> mx.array:
+        """(1, H, T, D) attention over (1, H_kv, S, D): MLX's fused kernel (GQA native,
+        the mask broadcast), or with gemma2's score soft-capping written out (float32
+        softmax, as transformers)."""
+        if self.attn_softcap is None:
+            return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask)
+        _, h, t, d = q.shape
+        hkv = keys.shape[1]
+        cap = self.attn_softcap
+        qg = (q * scale).reshape(1, hkv, h // hkv, t, d)  # (1, H_kv, rep, T, D)
+        s = qg @ mx.expand_dims(keys, 2).swapaxes(-1, -2)  # (1, H_kv, rep, T, S)
+        s = mx.tanh(s / cap) * cap
+        if isinstance(mask, str):  # "causal": row i sees slots up to end - T + i
+            rows = mx.arange(end - t, end)[:, None]
+            mask = mx.arange(end)[None, :] <= rows  # (T, S)
+        if mask is not None:
+            s = mx.where(mask, s, -mx.inf)
+        p = mx.softmax(s.astype(mx.float32), axis=-1).astype(q.dtype)
+        return (p @ mx.expand_dims(values, 2)).reshape(1, h, t, d)  # (1, H, T, D)
 
     def move_slots(self, src: mx.array, dst_start: int) -> None:
         """Copy slots ``src`` (K,) to ``dst_start .. dst_start+K`` in every layer (lazy;

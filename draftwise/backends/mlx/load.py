@@ -22,7 +22,7 @@ import mlx.nn as nn
 
 from draftwise.errors import DraftwiseError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
 FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 QUANT_BITS = {"4bit": 4, "8bit": 8}
 DTYPES = (*FLOAT_DTYPES, *QUANT_BITS)
@@ -55,6 +55,8 @@ def read_config(model_dir: Path) -> dict[str, Any]:
             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if isinstance(rope.get("full_attention"), dict):  # gemma3: one set per layer type
+        rope = rope["full_attention"]
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "llama3", "linear"):
         raise DraftwiseError(f"unsupported rope type {rope_type!r} (supported: default, llama3, linear)")
@@ -75,6 +77,13 @@ def config_overrides(cfg: dict[str, Any]) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     rope = cfg.get("rope_parameters")
+    if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
+        # gemma3 (transformers 5): the global layers' set, and the sliding layers' base
+        local = rope.get("sliding_attention") or {}
+        if "rope_theta" in local:
+            out["rope_local_base_freq"] = float(local["rope_theta"])
+        rope = rope["full_attention"]
+        out.update(gemma3_pattern(cfg))
     if isinstance(rope, dict):
         if "rope_theta" not in cfg and "rope_theta" in rope:
             out["rope_theta"] = float(rope["rope_theta"])
@@ -85,6 +94,19 @@ def config_overrides(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def gemma3_pattern(cfg: dict[str, Any]) -> dict[str, Any]:
+    """mlx-lm's gemma3 marks every ``sliding_window_pattern``-th layer global; the
+    config lists the layer types. The pattern they follow, or one line if none."""
+    types = cfg.get("layer_types") or []
+    if "full_attention" not in types:
+        return {}
+    p = types.index("full_attention") + 1
+    want = ["full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(len(types))]
+    if types != want:
+        raise DraftwiseError(f"gemma3 layer_types follow no sliding_window_pattern mlx-lm can express: {types}")
+    return {"sliding_window_pattern": p}
+
+
 def context_window(cfg: dict[str, Any]) -> int:
     """Positions the model serves exactly: its maximum, capped at a sliding window
     (windowed attention equals full attention while the sequence fits the window)."""
@@ -92,6 +114,7 @@ def context_window(cfg: dict[str, Any]) -> int:
     window = cfg.get("sliding_window")
     sliding = cfg.get("model_type") == "mistral" or cfg.get("use_sliding_window")
     sliding = sliding or "sliding_attention" in (cfg.get("layer_types") or [])
+    sliding = sliding or cfg.get("model_type") in ("gemma2", "gemma3_text")
     if window and sliding:
         limit = min(limit, int(window))
     return limit

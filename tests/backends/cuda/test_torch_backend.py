@@ -48,6 +48,10 @@ def _save_tiny(path: Path, variant: str) -> tuple[Path, object]:
     if variant == "qwen2":
         cfg = transformers.Qwen2Config(**TINY, tie_word_embeddings=False)
         model = transformers.Qwen2ForCausalLM(cfg)
+    elif variant == "gemma2":  # soft-capped scores and logits, sandwich norms, GeGLU
+        cfg = transformers.Gemma2Config(**TINY, head_dim=16, query_pre_attn_scalar=24,
+                                        attn_logit_softcapping=1.5, final_logit_softcapping=3.0)
+        model = transformers.Gemma2ForCausalLM(cfg)
     elif variant == "qwen3":  # per-head q/k norms; head_dim 24, not hidden / heads = 16
         cfg = transformers.Qwen3Config(**TINY, head_dim=24, tie_word_embeddings=False)
         model = transformers.Qwen3ForCausalLM(cfg)

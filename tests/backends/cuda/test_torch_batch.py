@@ -21,7 +21,7 @@ from draftwise.core.tree import DraftTree  # noqa: E402
 from tests.backends.cuda.test_torch_backend import ATOL, V, _save_tiny, _step  # noqa: E402
 
 
-@pytest.fixture(params=["llama", "qwen2"])
+@pytest.fixture(params=["llama", "qwen2", "gemma2"])
 def be(request, tmp_path):
     path, _ = _save_tiny(tmp_path / request.param, request.param)
     return TorchBackend.from_pretrained(path, device="cpu")

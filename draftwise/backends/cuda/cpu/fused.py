@@ -129,6 +129,11 @@ class FusedForward:
             or cfg.ffn_dim % 16
             or any(ly.bqkv is not None for ly in model.layers)
             or any(getattr(ly, "q_norm", None) is not None for ly in model.layers)  # qwen3
+            or not getattr(cfg, "plain_attention", True)  # gemma: scale, soft-capping
+            or getattr(cfg, "sandwich_norms", False)  # gemma: norms after attention and MLP
+            or getattr(cfg, "act", "silu") != "silu"
+            or getattr(cfg, "embed_scale", None) is not None
+            or getattr(cfg, "final_softcap", None) is not None
             or not all(
                 _native_int4(getattr(ly, name))
                 for ly in model.layers
