@@ -24,6 +24,7 @@ SIZES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_att
              num_key_value_heads=2, max_position_embeddings=512)
 TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 N = 24
+WINDOW = 8  # gemma's sliding window: far shorter than the prompts and outputs here
 
 
 def family_config(family: str, vocab: int):
@@ -41,10 +42,12 @@ def family_config(family: str, vocab: int):
         return transformers.Phi3Config(**SIZES, vocab_size=vocab, pad_token_id=0)
     if family == "gemma2":  # soft-capping, (1 + w) norms, sandwich norms, GeGLU, scaled queries
         return transformers.Gemma2Config(**SIZES, vocab_size=vocab, head_dim=16, query_pre_attn_scalar=24,
-                                         attn_logit_softcapping=1.5, final_logit_softcapping=3.0)
+                                         attn_logit_softcapping=1.5, final_logit_softcapping=3.0,
+                                         sliding_window=WINDOW)
     if family == "gemma3":  # + q/k norms and a second RoPE base for the sliding layers
         return transformers.Gemma3TextConfig(**SIZES, vocab_size=vocab, head_dim=16, query_pre_attn_scalar=16,
-                                             layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+                                             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                             sliding_window=WINDOW)
     if family == "llama-linear":  # linear RoPE scaling
         return transformers.LlamaConfig(**SIZES, vocab_size=vocab, rope_parameters={
             "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
@@ -124,11 +127,20 @@ def test_greedy_equals_transformers_generate_with_every_drafter(family, backend,
         assert ids_of(model, prompt, drafter, temp=0.8, seed=3) == hot, f"{name} {backend} {drafter}"
 
 
-def test_bf16_invariant_row_alone_equals_the_row_in_a_tree(family):
-    from draftwise.backends.cuda import TorchBackend
-
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_bf16_invariant_row_alone_equals_the_row_in_a_tree(family, backend):
     name, model_dir, _ = family
-    be = TorchBackend.from_pretrained(model_dir, dtype="bfloat16", device="cpu", invariant=True)
+    if backend == "mlx":
+        if not name.startswith("gemma"):
+            pytest.skip("the MLX invariant mode has its own tests (tests/backends/mlx); here: gemma's windows")
+        pytest.importorskip("mlx_lm")
+        from draftwise.backends.mlx import MLXBackend
+
+        be = MLXBackend.from_pretrained(model_dir, dtype="bfloat16", invariant=True)
+    else:
+        from draftwise.backends.cuda import TorchBackend
+
+        be = TorchBackend.from_pretrained(model_dir, dtype="bfloat16", device="cpu", invariant=True)
     rng = np.random.default_rng(4)
     ctx = rng.integers(100, 20000, 40)
     path = [int(t) for t in rng.integers(100, 20000, 3)]
@@ -155,11 +167,14 @@ def test_logits_match_transformers(family, backend):
     ids = np.random.default_rng(5).integers(100, 20000, 30)
     with torch.no_grad():
         want = ref(torch.tensor([ids.tolist()])).logits[0].numpy()  # (30, V)
-    be = Backend.from_pretrained(model_dir, dtype="float32")
-    be.prefill(ids[:23])
-    out = be.verify(int(ids[23]), DraftTree.chain(ids[24:30].tolist()), need_logits=True)
-    assert out.logits is not None
-    np.testing.assert_allclose(out.logits, want[23:30], atol=2e-4, err_msg=f"{name} {backend}")
+    # gemma: the invariant mode's block attention too (its windows and soft-capping)
+    for invariant in (False, True) if name.startswith("gemma") else (False,):
+        be = Backend.from_pretrained(model_dir, dtype="float32", invariant=invariant)
+        be.prefill(ids[:23])
+        out = be.verify(int(ids[23]), DraftTree.chain(ids[24:30].tolist()), need_logits=True)
+        assert out.logits is not None
+        np.testing.assert_allclose(out.logits, want[23:30], atol=2e-4,
+                                   err_msg=f"{name} {backend} invariant={invariant}")
 
 
 @pytest.mark.parametrize("bits", [4, 8])

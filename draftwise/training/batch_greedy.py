@@ -76,6 +76,11 @@ def _forward(
     cfg = model.cfg
     h, hkv, d, rep = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, model.n_rep
     b, t = tokens.shape
+    if cfg.window_layers and cfg.sliding_window is not None and st.ok.shape[1] > cfg.sliding_window:
+        raise DraftwiseError(
+            f"batched greedy generation of {st.ok.shape[1]} positions passes the model's sliding "
+            f"window ({cfg.sliding_window}): not supported yet; use shorter prompts or outputs"
+        )
     end = st.ok.shape[1]  # every slot: a slice of the cache would make the matmuls copy it
     ropes = [(c[positions].unsqueeze(2), sn[positions].unsqueeze(2)) for c, sn in st.ropes]  # (B', T, 1, D)
     causal = torch.ones((t, end), dtype=torch.bool).tril(start)  # (T, S) row i sees <= start+i

@@ -372,7 +372,11 @@ class TorchBackend(CacheBook, BatchMixin):
                 c1 = min(n1, c0 + MAX_ROWS)
                 sel = list(range(c0, c1)) + [c0] * max(0, pad - (c1 - c0))
                 # padding rows need no attention of their own (see block_attention)
-                plan = make_plan(start, rows[c0:c1], self.device, self._native)
+                win = None
+                if self.model.cfg.window_layers:  # (W, rows' positions, every slot's)
+                    slot_pos = np.concatenate([np.arange(start), host[:, 1]])
+                    win = (self.model.cfg.sliding_window, host[c0:c1, 1], slot_pos)
+                plan = make_plan(start, rows[c0:c1], self.device, self._native, win)
                 ids = torch.from_numpy(host[sel, :2]).to(self.device)  # (R, 2)
                 logits = self.model.forward(
                     ids[:, 0], ids[:, 1], start + c0, None, True, plan=plan, n_write=c1 - c0

@@ -98,6 +98,12 @@ class BatchMixin:
             ropes = model.rope_rows(pos)  # per table: (t, 1, D) x 2, broadcast over rows
             own_mask = torch.ones(t, t, dtype=torch.bool, device=model.device).tril()
             own_mask = own_mask.repeat(rep, 1)  # (rep t, t): query row r*t + i
+            far = None  # (rep t, start) -inf on cached keys outside a windowed layer's window
+            if cfg.window_layers and cfg.sliding_window is not None:
+                row_pos = start + torch.arange(rep * t, device=model.device) % t  # (rep t,)
+                keys = torch.arange(start, device=model.device)  # (start,)
+                out = keys[None, :] <= row_pos[:, None] - cfg.sliding_window
+                far = torch.zeros(out.shape, device=model.device).masked_fill(out, float("-inf"))
             kv_new = torch.empty((cfg.n_layers, 2, hkv, k, t, dd), dtype=model.dtype, device=model.device)
             x = model.embed_rows(tok)  # (k t, C)
             for li, layer in enumerate(model.layers):
@@ -110,7 +116,7 @@ class BatchMixin:
                 kv_new[li, 0] = qk[:, :, h:].permute(2, 0, 1, 3)  # (H_kv, k, t, D)
                 kv_new[li, 1] = qkv[:, (h + hkv) * dd :].view(k, t, hkv, dd).permute(2, 0, 1, 3)
                 o = _attend(q, model.cache[li, :, :, :start], kv_new[li], own_mask,
-                            cfg.attn_scale, cfg.attn_softcap)
+                            cfg.attn_scale, cfg.attn_softcap, far if layer.window else None)
                 o = o.view(hkv, k, rep, t, dd).permute(1, 3, 0, 2, 4).reshape(k * t, h * dd)
                 x = mlp_block(model, li, x, o)
             logits = model.logits(rms_norm(x, model.norm, cfg.norm_eps))  # (k t, V)
@@ -136,11 +142,12 @@ class BatchMixin:
 
 def _attend(
     q: torch.Tensor, prefix: torch.Tensor, own: torch.Tensor, own_mask: torch.Tensor,
-    scale: float | None = None, softcap: float | None = None,
+    scale: float | None = None, softcap: float | None = None, far: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q (H_kv, k, R, D) over the shared cached ``prefix`` (2, H_kv, S, D)
     and each row's own keys ``own`` (2, H_kv, k, t, D) under ``own_mask`` (R, t), scores
-    scaled by ``scale`` (None: D ** -0.5) and soft-capped at ``softcap`` (gemma2).
+    scaled by ``scale`` (None: D ** -0.5) and soft-capped at ``softcap`` (gemma2);
+    ``far`` (R, S): a bias on the cached keys (a sliding window's -inf).
     Returns (H_kv, k, R, D)."""
     hkv, k, r, d = q.shape
     s = prefix.shape[2]
@@ -154,6 +161,8 @@ def _attend(
         scores = torch.tanh(scores / softcap) * softcap
     own_bias = torch.zeros(own_mask.shape, dtype=scores.dtype, device=scores.device)
     scores[..., s:] += own_bias.masked_fill(~own_mask, float("-inf"))  # (R, t) on the own keys
+    if far is not None:
+        scores[..., :s] += far  # (R, S)
     p = torch.softmax(scores, dim=-1)
     out = torch.matmul(p[..., s:], own[1].float())  # (H_kv, k, R, D)
     if s:

@@ -85,14 +85,20 @@ class Plan:
     extra: torch.Tensor | None = None  # (T, E) int64: row i's slots from ``committed`` on
     n_extra: torch.Tensor | None = None  # (T,) int32: how many of them
     native: Any = None  # the compiled kernel (``native.attention_lib()``), or None
+    # sliding-window layers (gemma): -inf on keys too far back for the row, for the shared
+    # keys (1, T, 1, shared) and the tail (1, T, 1, nT * BLOCK); None: no such layers
+    window: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def make_plan(
-    committed: int, rows: Sequence[Sequence[int]], device: torch.device, native: Any = None
+    committed: int, rows: Sequence[Sequence[int]], device: torch.device, native: Any = None,
+    window: tuple[int, np.ndarray, np.ndarray] | None = None,
 ) -> Plan:
     """``rows[i]``: the cache slots at or after ``committed`` that row i sees (its tree
     ancestors and itself, in depth order); every row also sees slots ``0..committed-1``.
-    ``native``: the compiled kernel, which attends from the row lists as they are."""
+    ``native``: the compiled kernel, which attends from the row lists as they are.
+    ``window``: (W, the rows' positions (T,), every slot's position (S,)) for
+    sliding-window layers: a key at position k is seen by a row at p when k > p - W."""
     if native is not None:
         n = np.array([len(r) for r in rows], np.int32)  # (T,)
         extra = np.zeros((len(rows), int(n.max())), np.int64)  # (T, E)
@@ -103,30 +109,43 @@ def make_plan(
     keys = len(rows) * (committed + max(len(r) for r in rows))
     shared, idx, ok = key_blocks(committed, rows, BLOCK, share=keys > GATHER_ALL_KEYS)
     bias = np.where(ok, np.float32(0), np.float32(-np.inf))[None, :, None, :]
-    return Plan(shared, torch.from_numpy(idx).to(device), torch.from_numpy(bias).to(device))
+    win = None
+    if window is not None:
+        w, row_pos, slot_pos = window
+        low = np.asarray(row_pos, np.int64)[:, None] - w  # (T, 1): keys must lie above
+        inf = np.float32(-np.inf)
+        ws = np.where(np.arange(shared)[None, :] > low, np.float32(0), inf)[None, :, None, :]
+        wt = np.where(np.asarray(slot_pos)[idx] > low, np.float32(0), inf)[None, :, None, :]
+        win = (torch.from_numpy(ws).to(device), torch.from_numpy(wt).to(device))
+    return Plan(shared, torch.from_numpy(idx).to(device), torch.from_numpy(bias).to(device), window=win)
 
 
 def plan_attention(
     q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int,
     scale: float | None = None, softcap: float | None = None,
+    window: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """(H, T, D) queries over one layer's cache following ``plan``: the native kernel when
     the plan carries it (plain attention only), else ``block_attention``. Returns (T, H D)
     float32."""
     if plan.native is not None:
-        assert plan.extra is not None and plan.n_extra is not None and scale is None and softcap is None
+        assert plan.extra is not None and plan.n_extra is not None
+        assert scale is None and softcap is None and window is None
         return native_attention(plan.native, q, kv, plan.committed, plan.extra, plan.n_extra)
-    return block_attention(q, kv, plan, rep, scale, softcap)
+    return block_attention(q, kv, plan, rep, scale, softcap, window)
 
 
 def block_attention(
     q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int,
     scale: float | None = None, softcap: float | None = None,
+    window: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention of ``q`` (H, T, D) over one layer's cache ``kv`` (2, H_kv, T_max, D)
     following ``plan``; returns (T, H D) float32. Row-invariant: see the module doc.
     ``scale``: of the scores (None: D ** -0.5); ``softcap``: scores become
-    ``tanh(s / cap) * cap`` (gemma2), elementwise, so rows stay invariant.
+    ``tanh(s / cap) * cap`` (gemma2), elementwise, so rows stay invariant. ``window``:
+    the plan's sliding-window biases (shared, tail), for a sliding-window layer: a row's
+    bias depends on its position and the keys' only, so rows stay invariant.
 
     Rows of ``q`` beyond the plan's are padding (copies of row 0 that only keep the
     linear layers' row count at ``min_rows``): they get row 0's output, uncomputed."""
@@ -149,6 +168,8 @@ def block_attention(
     if softcap is not None:
         st = torch.tanh(st / softcap) * softcap
     st = st + plan.tail_bias  # padding -> -inf (adding 0 changes nothing)
+    if window is not None:
+        st = st + window[1]  # keys before the row's window -> -inf
     m = st.amax(-1, keepdim=True)  # (H_kv, T, rep, 1)
     ns = plan.shared // BLOCK
     if ns:
@@ -158,6 +179,8 @@ def block_attention(
         ss = ss.view(hkv, rep, t, plan.shared).transpose(1, 2)  # (H_kv, T, rep, S)
         if softcap is not None:
             ss = torch.tanh(ss / softcap) * softcap
+        if window is not None:
+            ss = ss + window[0]
         m = torch.maximum(m, ss.amax(-1, keepdim=True))  # (H_kv, T, rep, 1)
     nt = st.shape[-1] // BLOCK
     et = torch.exp(st - m).view(hkv, t, rep, nt, BLOCK)  # (H_kv, T, rep, nT, B)

@@ -41,6 +41,7 @@ from draftwise.backends.cuda.cpu.fused import FusedForward
 from draftwise.backends.cuda.cpu.int4 import Int4Weight, Weight, fuse_q4, linear, quantize_rtn
 from draftwise.backends.cuda.invariant import Plan, plan_attention
 from draftwise.backends.gguf_q4 import HEAD, Q4, FourBit, dequantize
+from draftwise.core.windows import layer_types, sliding_layers
 from draftwise.errors import DraftwiseError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
@@ -89,11 +90,15 @@ class LlamaConfig:
     final_softcap: float | None = None
     local_rope_theta: float | None = None
     local_layers: tuple[int, ...] = ()
+    # gemma2 / gemma3: these layers attend to the last ``sliding_window`` positions only
+    sliding_window: int | None = None
+    window_layers: tuple[int, ...] = ()
 
     @property
     def plain_attention(self) -> bool:
-        """Softmax of q k^T / sqrt(head_dim), nothing more (the compiled kernels' case)."""
-        return self.attn_scale is None and self.attn_softcap is None
+        """Softmax of q k^T / sqrt(head_dim) over every earlier position, nothing more
+        (the compiled kernels' case)."""
+        return self.attn_scale is None and self.attn_softcap is None and not self.window_layers
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> LlamaConfig:
@@ -123,8 +128,9 @@ class LlamaConfig:
         max_positions = int(cfg.get("max_position_embeddings", 2048))
         # Sliding-window attention equals full attention while the sequence fits in the
         # window, so a windowed model is served exactly by capping the context there.
+        # (gemma's windowed layers are computed as such: ``family_fields``)
         window = cfg.get("sliding_window")
-        sliding = "sliding_attention" in (cfg.get("layer_types") or ()) or model_type in GEMMA_TYPES
+        sliding = "sliding_attention" in (cfg.get("layer_types") or ()) and model_type not in GEMMA_TYPES
         if window is not None and (model_type == "mistral" or cfg.get("use_sliding_window") or sliding):
             max_positions = min(max_positions, int(window))
         n_heads = int(cfg["num_attention_heads"])
@@ -171,13 +177,16 @@ def family_fields(cfg: dict[str, Any], model_type: str, dim: int, head_dim: int)
             if not isinstance(cap, (int, float)) or cap <= 0:
                 raise DraftwiseError(f"config.json: {key} must be a positive number, got {cap!r}")
             out[field] = float(cap)
+    types = layer_types(cfg)
+    window, windowed = sliding_layers(cfg)
+    if window is not None:
+        out["sliding_window"], out["window_layers"] = window, windowed
     if model_type == "gemma3_text":
         params = cfg.get("rope_parameters") or {}
         local = params.get("sliding_attention") if isinstance(params, dict) else None
         theta = (local or {}).get("rope_theta") or cfg.get("rope_local_base_freq") or 10000.0
         if local and local.get("rope_type", "default") != "default":
             raise DraftwiseError(f"unsupported rope type {local.get('rope_type')!r} for sliding layers")
-        types = cfg.get("layer_types") or []
         out["local_rope_theta"] = float(theta)
         out["local_layers"] = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
     return out
@@ -274,6 +283,7 @@ class Layer:
     post_attn_norm: torch.Tensor | None = None  # (C,) gemma: on attention's output
     post_mlp_norm: torch.Tensor | None = None  # (C,) gemma: on the MLP's output
     rope: int = 0  # which RoPE table (gemma3's sliding layers: 1)
+    window: bool = False  # attends to the last ``cfg.sliding_window`` positions only
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
@@ -519,6 +529,7 @@ class Llama:
                         post_attn_norm=norm(p + "post_attention_layernorm.weight") if sw else None,
                         post_mlp_norm=norm(p + "post_feedforward_layernorm.weight") if sw else None,
                         rope=1 if i in cfg.local_layers else 0,
+                        window=i in cfg.window_layers,
                     )
                 )
             self.norm = norm("model.norm.weight")  # (C,)
@@ -615,6 +626,19 @@ class Llama:
             s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
         return torch.softmax(s.float(), dim=-1).to(q.dtype) @ values  # (1, H_kv, R, D)
 
+    def window_mask(self, mask: torch.Tensor | None, positions: torch.Tensor, start: int) -> torch.Tensor | None:
+        """(T, start+T) bool for the sliding-window layers: ``mask`` (None: every slot)
+        and only keys within the last ``sliding_window`` positions of the row's (slot j
+        < start holds position j; the new rows' slots hold ``positions``). None when the
+        model has no such layers or no key is that far back."""
+        w = self.cfg.sliding_window
+        t = positions.shape[0]
+        if w is None or start + t <= w:
+            return None
+        keys = torch.cat([torch.arange(start, device=positions.device), positions])  # (S,)
+        near = keys[None, :] > positions[:, None] - w  # (T, S)
+        return near if mask is None else mask & near
+
     def attn_residual(self, layer: Layer, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """The residual stream ``x`` (T, C) plus attention's output ``o`` (T, H D) projected
         (gemma: and normed)."""
@@ -671,10 +695,13 @@ class Llama:
         end = start + t
         h, hkv, d, rep = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.n_rep
         ropes = self.rope_rows(positions)  # per table: (T, 1, D) x 2
+        local = self.window_mask(mask, positions, start) if plan is None else None  # (T, S)
         if mask is not None:
             # Queries are grouped per kv head as (H_kv, rep * T) rows (see below), so the
             # (T, S) mask is tiled rep times along the rows.
             mask = mask.repeat(rep, 1)  # (rep T, S)
+        if local is not None:
+            local = local.repeat(rep, 1)  # (rep T, S)
         x = self.embed_rows(tokens)  # (T, C)
         for li, layer in enumerate(self.layers):
             hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)  # (T, C)
@@ -688,7 +715,8 @@ class Llama:
             kv[0, :, start : start + w] = k[:, :w]
             kv[1, :, start : start + w] = v[:, :w]
             if plan is not None:
-                o = plan_attention(q, kv, plan, rep, cfg.attn_scale, cfg.attn_softcap).to(x.dtype)  # (T, H D)
+                win = plan.window if layer.window else None
+                o = plan_attention(q, kv, plan, rep, cfg.attn_scale, cfg.attn_softcap, win).to(x.dtype)  # (T, H D)
             else:
                 # (a no-op cast unless the cache is kept in float32: invariant prefill)
                 keys = kv[0, :, :end].unsqueeze(0).to(q.dtype)  # (1, H_kv, S, D)
@@ -696,7 +724,7 @@ class Llama:
                 # GQA without repeating K/V: the rep query heads sharing a kv head become
                 # rep * T query rows of that head (HF's repeat_kv: q head j -> kv j // rep).
                 qg = q.reshape(1, hkv, rep * t, d)  # (1, H_kv, rep T, D)
-                o = self.attention(qg, keys, values, mask)  # (1, H_kv, rep T, D)
+                o = self.attention(qg, keys, values, local if layer.window and local is not None else mask)
                 # reshape: CUDA's kernels may return o with other strides than CPU's
                 o = o.reshape(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, H D)
             x = self.attn_residual(layer, x, o)  # (T, C)
@@ -709,12 +737,14 @@ class Llama:
         return self.logits(rms_norm(x, self.norm, cfg.norm_eps))  # (T, V)
 
     def forward_fixed(
-        self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor
+        self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor,
+        local: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """A step whose shapes never change, for CUDA graphs (``gpu/graphs.py``): rows
         ``tokens`` (B,) at RoPE ``positions`` (B,) write their K/V to cache ``slots`` (B,)
         (device tensors: no host value is baked in) and attend over EVERY cache slot under
         ``bias`` (B, S) additive (0 = may attend, -inf = not; S = ``max_cache_len``).
+        ``local`` (B, S): the bias of sliding-window layers (gemma), where they are.
         Returns logits (B, V); ``last_x`` is set as ``forward`` sets it.
 
         Example (two rows over a 3-token cache, the second a child of the first)::
@@ -729,6 +759,8 @@ class Llama:
         half = cfg.head_dim // 2
         # queries grouped per kv head as (H_kv, rep B) rows, as in ``forward``
         bias = bias.to(self.dtype).repeat(rep, 1)  # (rep B, S)
+        if local is not None:
+            local = local.to(self.dtype).repeat(rep, 1)  # (rep B, S)
         x = self.embed_rows(tokens)  # (B, C)
         for li, layer in enumerate(self.layers):
             hn = rms_norm(x, layer.attn_norm, cfg.norm_eps)  # (B, C)
@@ -747,7 +779,7 @@ class Llama:
             keys = kv[0].unsqueeze(0).to(q.dtype)  # (1, H_kv, S, D)
             values = kv[1].unsqueeze(0).to(q.dtype)  # (1, H_kv, S, D)
             qg = q.reshape(1, hkv, rep * t, d)  # (1, H_kv, rep B, D)
-            o = self.attention(qg, keys, values, bias)  # (1, H_kv, rep B, D)
+            o = self.attention(qg, keys, values, local if layer.window and local is not None else bias)
             o = o.reshape(h, t, d).transpose(0, 1).reshape(t, h * d)  # (B, H D)
             x = self.attn_residual(layer, x, o)  # (B, C)
             x = self.mlp_residual(layer, x)  # (B, C)

@@ -173,7 +173,10 @@ class MLXBackend(CacheBook):
         for c0 in range(0, n1, size):
             c1 = min(n1, c0 + size)
             sel = list(range(c0, c1)) + [c0] * (size - (c1 - c0))
-            plan = make_plan(start, [rows[i] for i in sel])
+            win = None
+            if self.model.window is not None:  # (W, rows' positions, every slot's)
+                win = (self.model.window, pos[sel], np.concatenate([np.arange(start), pos]))
+            plan = make_plan(start, [rows[i] for i in sel], win)
             tokens = mx.array(host[sel].astype(np.int32))  # (R,)
             logits = self.model.forward(
                 tokens, mx.array(pos[sel]), start + c0, None, True, plan=plan, n_write=c1 - c0

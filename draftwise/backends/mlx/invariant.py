@@ -77,22 +77,36 @@ class Plan:
     shared: int  # keys in full blocks below the committed length: slots 0 .. shared-1
     tail_idx: mx.array  # (T, nT * BLOCK) int32 cache slots of the rest of each list
     tail_ok: mx.array  # (T, nT * BLOCK) bool, False = padding
+    # sliding-window layers (gemma): keys in the row's window, shared (T, shared) and
+    # tail (T, nT * BLOCK) bool; None: no such layers
+    window: tuple[mx.array, mx.array] | None = None
 
 
-def make_plan(committed: int, rows: Sequence[Sequence[int]]) -> Plan:
+def make_plan(
+    committed: int, rows: Sequence[Sequence[int]],
+    window: tuple[int, np.ndarray, np.ndarray] | None = None,
+) -> Plan:
     """``rows[i]``: the cache slots at or after ``committed`` that row i sees (its tree
-    ancestors and itself, in depth order); every row also sees slots ``0..committed-1``."""
+    ancestors and itself, in depth order); every row also sees slots ``0..committed-1``.
+    ``window``: (W, the rows' positions (T,), every slot's position (S,)): a
+    sliding-window layer's row at p sees a key at k when k > p - W."""
     shared, idx, ok = key_blocks(committed, rows, BLOCK)
-    return Plan(shared, mx.array(idx.astype(np.int32)), mx.array(ok))
+    win = None
+    if window is not None:
+        w, row_pos, slot_pos = window
+        low = np.asarray(row_pos, np.int64)[:, None] - w  # (T, 1)
+        win = (mx.array(np.arange(shared)[None, :] > low), mx.array(np.asarray(slot_pos)[idx] > low))
+    return Plan(shared, mx.array(idx.astype(np.int32)), mx.array(ok), win)
 
 
 def block_attention(
     q: mx.array, keys: mx.array, values: mx.array, plan: Plan, scale: float,
-    softcap: float | None = None,
+    softcap: float | None = None, window: bool = False,
 ) -> mx.array:
     """Attention of ``q`` (1, H, T, D) over one layer's cache ``keys``/``values``
     (1, H_kv, T_alloc, D) following ``plan``; returns (1, T, H D) float32. ``softcap``
-    (gemma2): scores become ``tanh(s / cap) * cap``, elementwise."""
+    (gemma2): scores become ``tanh(s / cap) * cap``, elementwise; ``window``: a
+    sliding-window layer (the plan's window masks apply)."""
     _, h, t, d = q.shape
     hkv = keys.shape[1]
     rep = h // hkv  # query head j reads kv head j // rep
@@ -105,7 +119,10 @@ def block_attention(
     st = qf.transpose(0, 2, 1, 3) @ kt.swapaxes(-1, -2)  # (H_kv, T, rep, nT B)
     if softcap is not None:
         st = mx.tanh(st / softcap) * softcap
-    st = mx.where(plan.tail_ok[None, :, None, :], st, -mx.inf)
+    ok = plan.tail_ok
+    if window and plan.window is not None:
+        ok = ok & plan.window[1]
+    st = mx.where(ok[None, :, None, :], st, -mx.inf)
     m = st.max(-1, keepdims=True)  # (H_kv, T, rep, 1)
     ns = plan.shared // BLOCK
     if ns:
@@ -115,6 +132,8 @@ def block_attention(
         ss = ss.reshape(hkv, rep, t, plan.shared).transpose(0, 2, 1, 3)  # (H_kv, T, rep, S)
         if softcap is not None:
             ss = mx.tanh(ss / softcap) * softcap
+        if window and plan.window is not None:
+            ss = mx.where(plan.window[0][None, :, None, :], ss, -mx.inf)
         m = mx.maximum(m, ss.max(-1, keepdims=True))  # (H_kv, T, rep, 1)
     nt = st.shape[-1] // BLOCK
     et = mx.exp(st - m).reshape(hkv, t, rep, nt, BLOCK)  # (H_kv, T, rep, nT, B)

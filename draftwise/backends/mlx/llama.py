@@ -33,6 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from draftwise.backends.mlx.invariant import Plan, block_attention
+from draftwise.core.windows import sliding_layers
 
 GROW = 256  # cache slots added at a time (mlx-lm's KVCache.step)
 
@@ -58,6 +59,9 @@ class Llama:
         self.sandwich = gemma  # post-attention and pre/post-MLP norms
         self.attn_softcap = cfg.get("attn_logit_softcapping") if gemma else None
         self.final_softcap = cfg.get("final_logit_softcapping") if gemma else None
+        # gemma's sliding-window layers (mlx-lm's gemma2 attends to everything)
+        self.window, windowed = sliding_layers(cfg)
+        self.window_layers = frozenset(windowed)
         attn = self.layers[0].self_attn
         self.n_heads, self.n_kv_heads = int(attn.n_heads), int(attn.n_kv_heads)
         self.head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
@@ -122,6 +126,7 @@ class Llama:
         end = start + t
         self.ensure(end)
         h, hkv = self.n_heads, self.n_kv_heads
+        local = self._window_mask(mask, positions, start, t) if plan is None else None  # (T, S)
         x = self.embed(tokens[None])  # (1, T, C)
         if self.embed_scale is not None:  # gemma: sqrt(hidden) in the compute dtype
             x = x * mx.array(self.embed_scale, dtype=x.dtype)
@@ -140,12 +145,14 @@ class Llama:
             self.keys[li][:, :, start : start + w, :] = k[:, :, :w]
             self.values[li][:, :, start : start + w, :] = v[:, :, :w]
             if plan is not None:
-                o = block_attention(q, self.keys[li], self.values[li], plan, attn.scale, self.attn_softcap)
+                o = block_attention(q, self.keys[li], self.values[li], plan, attn.scale, self.attn_softcap,
+                                    li in self.window_layers)
                 o = o.astype(x.dtype)  # (1, T, H D)
             else:
                 keys = self.keys[li][:, :, :end, :]  # (1, H_kv, S, D)
                 values = self.values[li][:, :, :end, :]  # (1, H_kv, S, D)
-                o = self._attend(q, keys, values, attn.scale, mask, end)  # (1, H, T, D)
+                m = local if local is not None and li in self.window_layers else mask
+                o = self._attend(q, keys, values, attn.scale, m, end)  # (1, H, T, D)
                 o = o.transpose(0, 2, 1, 3).reshape(1, t, h * self.head_dim)  # (1, T, H D)
             if self.sandwich:  # gemma: normed outputs, the MLP's own pre-norm
                 x = x + layer.post_attention_layernorm(attn.o_proj(o))  # (1, T, C)
@@ -162,6 +169,19 @@ class Llama:
         if self.final_softcap is not None:  # gemma2: tanh soft-capping of the logits
             logits = mx.tanh(logits / self.final_softcap) * self.final_softcap
         return logits[0]  # (T, V)
+
+    def _window_mask(self, mask: Mask, positions: int | mx.array, start: int, t: int) -> mx.array | None:
+        """(T, start+T) bool for the sliding-window layers: ``mask`` and only keys within
+        the row's last ``window`` positions (slot j < start holds position j, the new rows'
+        slots their own). None without such layers or when no key is that far back."""
+        if self.window is None or start + t <= self.window:
+            return None
+        rows = mx.arange(positions, positions + t) if isinstance(positions, int) else positions
+        keys = mx.concatenate([mx.arange(start), rows.astype(mx.int32)])  # (S,)
+        near = keys[None, :] > rows[:, None] - self.window  # (T, S)
+        if isinstance(mask, str):  # "causal": row i sees slots up to start + i
+            mask = mx.arange(start + t)[None, :] <= mx.arange(start, start + t)[:, None]
+        return near if mask is None else mask & near
 
     def _attend(
         self, q: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Mask, end: int

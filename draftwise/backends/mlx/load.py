@@ -20,6 +20,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from draftwise.core.windows import WINDOWED_TYPES
 from draftwise.errors import DraftwiseError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
@@ -109,13 +110,14 @@ def gemma3_pattern(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def context_window(cfg: dict[str, Any]) -> int:
     """Positions the model serves exactly: its maximum, capped at a sliding window
-    (windowed attention equals full attention while the sequence fits the window)."""
+    (windowed attention equals full attention while the sequence fits the window) except
+    for gemma, whose windowed layers are computed as such."""
     limit = int(cfg.get("max_position_embeddings") or 2048)
     window = cfg.get("sliding_window")
     sliding = cfg.get("model_type") == "mistral" or cfg.get("use_sliding_window")
     sliding = sliding or "sliding_attention" in (cfg.get("layer_types") or [])
-    sliding = sliding or cfg.get("model_type") in ("gemma2", "gemma3_text")
-    if window and sliding:
+    # gemma's windowed layers are computed as such (``llama.py``), not capped
+    if window and sliding and cfg.get("model_type") not in WINDOWED_TYPES:
         limit = min(limit, int(window))
     return limit
 

@@ -50,7 +50,8 @@ def _save_tiny(path: Path, variant: str) -> tuple[Path, object]:
         model = transformers.Qwen2ForCausalLM(cfg)
     elif variant == "gemma2":  # soft-capped scores and logits, sandwich norms, GeGLU
         cfg = transformers.Gemma2Config(**TINY, head_dim=16, query_pre_attn_scalar=24,
-                                        attn_logit_softcapping=1.5, final_logit_softcapping=3.0)
+                                        attn_logit_softcapping=1.5, final_logit_softcapping=3.0,
+                                        sliding_window=8)
         model = transformers.Gemma2ForCausalLM(cfg)
     elif variant == "qwen3":  # per-head q/k norms; head_dim 24, not hidden / heads = 16
         cfg = transformers.Qwen3Config(**TINY, head_dim=24, tie_word_embeddings=False)

@@ -91,7 +91,13 @@ class StepGraphs:
         bias = torch.zeros(see.shape, dtype=torch.float32, device=self.device)
         bias = bias.masked_fill(~see, float("-inf"))  # (B, S)
         slots = start[:, 0] + torch.arange(b, device=self.device)  # (B,)
-        logits = self.model.forward_fixed(ids, pos, slots, bias)  # (B, V)
+        local = None
+        w = self.model.cfg.sliding_window
+        if w is not None and self.model.cfg.window_layers:  # gemma's sliding-window layers
+            own = pos.gather(0, rel.clamp(0, b - 1).reshape(-1)).view(rel.shape)  # (B, S)
+            keys = torch.where(inside, own, self._cols[None, :])  # (B, S): each slot's position
+            local = bias.masked_fill(keys <= pos[:, None] - w, float("-inf"))  # (B, S)
+        logits = self.model.forward_fixed(ids, pos, slots, bias, local)  # (B, V)
         assert self.model.last_x is not None
         return logits, logits.argmax(dim=-1), self.model.last_x
 

@@ -22,9 +22,10 @@ from draftwise.errors import DraftwiseError  # noqa: E402
 from tests.backends.cuda.test_torch_backend import V, _save_tiny  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return _save_tiny(tmp_path_factory.mktemp("graphs") / "m", "llama3")[0]
+@pytest.fixture(scope="module", params=["llama3", "gemma2"])
+def model_dir(request, tmp_path_factory):
+    """llama3, and gemma2 (soft-capping, a sliding window of 8 the contexts here pass)."""
+    return _save_tiny(tmp_path_factory.mktemp("graphs") / "m", request.param)[0]
 
 
 def _pair(model_dir):
@@ -110,8 +111,8 @@ def test_buckets_whose_rows_differ_from_the_largest_are_dropped(model_dir):
     _, be = _pair(model_dir)
     real = be.model.forward_fixed
 
-    def shifted(tokens, positions, slots, bias):
-        out = real(tokens, positions, slots, bias)
+    def shifted(tokens, positions, slots, bias, local=None):
+        out = real(tokens, positions, slots, bias, local)
         return out + 1e-3 * min(tokens.shape[0], 16)  # buckets 16 and 64 agree, 1 and 4 not
 
     be.model.forward_fixed = shifted
