@@ -40,6 +40,11 @@ def family_config(family: str, vocab: int):
         return transformers.MistralConfig(**SIZES, vocab_size=vocab, sliding_window=None)
     if family == "phi3":  # qkv_proj and gate_up_proj, as Phi-3-mini-4k
         return transformers.Phi3Config(**SIZES, vocab_size=vocab, pad_token_id=0)
+    if family == "phi3-longrope":  # as Phi-4-mini: LongRoPE over the first half of each head
+        return transformers.Phi3Config(**SIZES, vocab_size=vocab, pad_token_id=0, partial_rotary_factor=0.5,
+                                       original_max_position_embeddings=128, rope_parameters={
+                                           "rope_type": "longrope", "rope_theta": 10000.0,
+                                           "short_factor": [1.0, 1.3, 1.9, 2.6], "long_factor": [4.0] * 4})
     if family == "gemma2":  # soft-capping, (1 + w) norms, sandwich norms, GeGLU, scaled queries
         return transformers.Gemma2Config(**SIZES, vocab_size=vocab, head_dim=16, query_pre_attn_scalar=24,
                                          attn_logit_softcapping=1.5, final_logit_softcapping=3.0,
@@ -76,7 +81,7 @@ def save_family(family: str, out: Path, default_model_dir: Path):
 
 
 @pytest.fixture(scope="module", params=["llama3", "qwen2", "qwen3", "mistral", "phi3", "llama-linear",
-                                        "gemma2", "gemma3"])
+                                        "gemma2", "gemma3", "phi3-longrope"])
 def family(request, default_model_dir, tmp_path_factory):
     return request.param, *save_family(request.param, tmp_path_factory.mktemp(request.param) / "model",
                                        default_model_dir)

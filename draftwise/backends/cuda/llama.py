@@ -49,7 +49,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2",
 QK_NORM_TYPES = ("qwen3", "gemma3_text")
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "longrope")
 # families that store q/k/v as one qkv_proj and gate/up as one gate_up_proj (the fused
 # layout this forward uses anyway: read as they are, gate rows before up rows)
 FUSED_PROJ_TYPES = ("phi3",)
@@ -76,6 +76,7 @@ class LlamaConfig:
     tie_embeddings: bool
     qk_norm: bool = False  # qwen3, gemma3: RMSNorm over each head's q and k before RoPE
     fused_proj: bool = False  # phi3: qkv_proj and gate_up_proj in the checkpoint
+    rope_dim: int = 0  # dims of a head RoPE rotates (partial_rotary_factor); 0: all
     # gemma2 / gemma3 (``family_fields``): every RMSNorm scales by (1 + w) (folded into
     # w at load); norms after attention and after the MLP as well as before; the MLP's
     # activation; embeddings times sqrt(hidden); the attention's scale when it is not
@@ -93,6 +94,11 @@ class LlamaConfig:
     # gemma2 / gemma3: these layers attend to the last ``sliding_window`` positions only
     sliding_window: int | None = None
     window_layers: tuple[int, ...] = ()
+
+    @property
+    def rot_dim(self) -> int:
+        """The leading dims of each head that RoPE rotates."""
+        return self.rope_dim or self.head_dim
 
     @property
     def plain_attention(self) -> bool:
@@ -115,17 +121,31 @@ class LlamaConfig:
             rope = dict(rope["full_attention"])
         theta = cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0
         rope_type = rope.get("rope_type", rope.get("type", "default"))
+        rope_type = "longrope" if rope_type == "su" else rope_type  # phi3's older name
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise DraftwiseError(
                 f"unsupported rope type {rope_type!r} "
                 f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
             )
-        partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
-        if partial != 1.0:
-            raise DraftwiseError(
-                f"partial_rotary_factor {partial} is not supported yet (RoPE over the whole head only)"
-            )
+        n_heads = int(cfg["num_attention_heads"])
+        dim = int(cfg["hidden_size"])
+        check_sizes(cfg, dim, n_heads)
+        head_dim = int(cfg.get("head_dim") or dim // n_heads)
+        # phi3 family (Phi-4-mini): RoPE over the first rope_dim of each head's dims only
+        partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+        if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+            raise DraftwiseError(f"config.json: partial_rotary_factor must be in (0, 1], got {partial!r}")
+        rope_dim = int(head_dim * partial)
+        if rope_dim < 2 or rope_dim % 2:
+            raise DraftwiseError(f"config.json: partial_rotary_factor {partial} gives {rope_dim} rotary dims (must be even)")
         max_positions = int(cfg.get("max_position_embeddings", 2048))
+        if rope_type == "longrope":
+            # LongRoPE (Phi-3.5, Phi-4-mini): transformers rotates with the short factors
+            # while the sequence fits the original context and switches every new
+            # position to the long ones past it: served exactly by capping the context
+            # there, with the attention factor its full context implies
+            rope = longrope_params(rope, cfg, max_positions, head_dim, rope_dim)
+            max_positions = min(max_positions, int(rope["original_max_position_embeddings"]))
         # Sliding-window attention equals full attention while the sequence fits in the
         # window, so a windowed model is served exactly by capping the context there.
         # (gemma's windowed layers are computed as such: ``family_fields``)
@@ -133,9 +153,6 @@ class LlamaConfig:
         sliding = "sliding_attention" in (cfg.get("layer_types") or ()) and model_type not in GEMMA_TYPES
         if window is not None and (model_type == "mistral" or cfg.get("use_sliding_window") or sliding):
             max_positions = min(max_positions, int(window))
-        n_heads = int(cfg["num_attention_heads"])
-        dim = int(cfg["hidden_size"])
-        check_sizes(cfg, dim, n_heads)
         return cls(
             model_type=model_type,
             vocab_size=int(cfg["vocab_size"]),
@@ -154,8 +171,32 @@ class LlamaConfig:
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qk_norm=model_type in QK_NORM_TYPES,
             fused_proj=model_type in FUSED_PROJ_TYPES,
-            **family_fields(cfg, model_type, dim, int(cfg.get("head_dim") or dim // n_heads)),
+            rope_dim=rope_dim,
+            **family_fields(cfg, model_type, dim, head_dim),
         )
+
+
+def longrope_params(
+    rope: dict[str, Any], cfg: dict[str, Any], max_positions: int, head_dim: int, rope_dim: int
+) -> dict[str, Any]:
+    """LongRoPE's settings checked, with the original context and the attention factor
+    filled in as transformers derives them."""
+    out = dict(rope)
+    old = rope.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+    if isinstance(old, bool) or not isinstance(old, int) or old < 1:
+        raise DraftwiseError(f"longrope needs original_max_position_embeddings, got {old!r}")
+    short = rope.get("short_factor")
+    if not isinstance(short, list) or len(short) != rope_dim // 2:
+        raise DraftwiseError(
+            f"longrope short_factor must list {rope_dim // 2} numbers, got "
+            f"{len(short) if isinstance(short, list) else short!r}"
+        )
+    factor = rope.get("factor") or max_positions / old
+    attention = rope.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old))
+    out.update(original_max_position_embeddings=old, attention_factor=float(attention))
+    return out
 
 
 def family_fields(cfg: dict[str, Any], model_type: str, dim: int, head_dim: int) -> dict[str, Any]:
@@ -287,9 +328,13 @@ class Layer:
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
-    """(D/2,) float32 inverse frequencies, as transformers computes them."""
-    d = cfg.head_dim
+    """(R/2,) float32 inverse frequencies (R = the rotated dims), as transformers
+    computes them."""
+    d = cfg.rot_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if cfg.rope_type == "longrope":  # the short factors: see LlamaConfig.from_dict
+        short = torch.tensor(cfg.rope_params["short_factor"], dtype=torch.float32)
+        inv = 1.0 / (short * cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     if cfg.rope_type == "linear":
         factor = cfg.rope_params.get("factor")
         if not isinstance(factor, (int, float)) or factor <= 0:
@@ -315,11 +360,16 @@ def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
 def rope_tables(
     cfg: LlamaConfig, n: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (n, D) for positions 0..n-1, computed in float32 like transformers."""
+    """cos, sin (n, R) for positions 0..n-1 (R = the rotated dims), computed in float32
+    like transformers (LongRoPE's attention factor folded in)."""
     pos = torch.arange(n, dtype=torch.float32)
-    freqs = torch.outer(pos, rope_inv_freq(cfg))  # (n, D/2)
-    emb = torch.cat([freqs, freqs], dim=-1)  # (n, D)
-    return emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype)
+    freqs = torch.outer(pos, rope_inv_freq(cfg))  # (n, R/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (n, R)
+    cos, sin = emb.cos(), emb.sin()
+    scale = cfg.rope_params.get("attention_factor") if cfg.rope_type == "longrope" else None
+    if scale is not None:
+        cos, sin = cos * scale, sin * scale
+    return cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -555,7 +605,7 @@ class Llama:
             if cfg.local_layers:
                 local = replace(cfg, rope_theta=cfg.local_rope_theta, rope_type="default", rope_params={})
                 self.ropes.append(rope_tables(local, max_cache_len, dtype, device))
-            half = cfg.head_dim // 2
+            half = cfg.rot_dim // 2
             # sin with its first half negated: rotate_half(x) * sin == roll(x) * this
             self.sins_signed = [torch.cat([-sn[:, :half], sn[:, half:]], dim=-1) for _, sn in self.ropes]
             self.sin_signed = self.sins_signed[0]
@@ -657,7 +707,11 @@ class Llama:
         return x + m
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x: (T, H, D); cos/sin: (T, 1, D). rotate_half convention, as in transformers.
+        # x: (T, H, D); cos/sin: (T, 1, R). rotate_half convention, as in transformers;
+        # with a partial rotary factor only the first R dims turn.
+        r = cos.shape[-1]
+        if r < x.shape[-1]:
+            return torch.cat([self._rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
         half = x.shape[-1] // 2
         rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # (T, H, D)
         return x * cos + rot * sin
@@ -755,8 +809,8 @@ class Llama:
         cfg = self.cfg
         t = tokens.shape[0]
         h, hkv, d, rep = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.n_rep
-        ropes = self.rope_rows(positions, signed=True)  # per table: (B, 1, D) x 2
-        half = cfg.head_dim // 2
+        ropes = self.rope_rows(positions, signed=True)  # per table: (B, 1, R) x 2
+        half, r = cfg.rot_dim // 2, cfg.rot_dim
         # queries grouped per kv head as (H_kv, rep B) rows, as in ``forward``
         bias = bias.to(self.dtype).repeat(rep, 1)  # (rep B, S)
         if local is not None:
@@ -769,7 +823,11 @@ class Llama:
             qk = self.qk_norm(layer, qk)
             cos, sin = ropes[layer.rope]
             # RoPE in three launches (``_rope`` takes five): x cos + roll(x) sin_signed
-            qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)  # (B, H + H_kv, D)
+            if r == d:
+                qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)  # (B, H + H_kv, D)
+            else:  # partial: the first R dims turn
+                turned = torch.addcmul(qk[..., :r] * cos, qk[..., :r].roll(half, dims=-1), sin)
+                qk = torch.cat([turned, qk[..., r:]], dim=-1)  # (B, H + H_kv, D)
             q = qk[:, :h].transpose(0, 1)  # (H, B, D)
             k = qk[:, h:].transpose(0, 1)  # (H_kv, B, D)
             v = qkv[:, (h + hkv) * d :].view(t, hkv, d).transpose(0, 1)  # (H_kv, B, D)

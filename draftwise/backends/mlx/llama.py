@@ -62,6 +62,7 @@ class Llama:
         # gemma's sliding-window layers (mlx-lm's gemma2 attends to everything)
         self.window, windowed = sliding_layers(cfg)
         self.window_layers = frozenset(windowed)
+        self._short_rope(cfg)
         attn = self.layers[0].self_attn
         self.n_heads, self.n_kv_heads = int(attn.n_heads), int(attn.n_kv_heads)
         self.head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
@@ -71,6 +72,27 @@ class Llama:
         self.keys: list[mx.array] = []  # per layer (1, H_kv, T_alloc, D)
         self.values: list[mx.array] = []  # per layer (1, H_kv, T_alloc, D)
         self.alloc = 0
+
+    def _short_rope(self, cfg: dict[str, Any]) -> None:
+        """LongRoPE (phi3): transformers rotates with the short factors while the sequence
+        fits the original context (the backend caps it there); mlx-lm's module always
+        takes the long ones, so each layer gets the short-factor rotation instead."""
+        from draftwise.backends.mlx.load import longrope
+
+        long = longrope(cfg)
+        if long is None:
+            return
+        from mlx_lm.models.rope_utils import SuScaledRoPE
+
+        for layer in self.layers:
+            old = layer.self_attn.rope
+            layer.self_attn.rope = SuScaledRoPE(
+                old.dim, base=float(self.module.args.rope_theta),
+                max_position_embeddings=int(cfg.get("max_position_embeddings") or long["original"]),
+                original_max_position_embeddings=long["original"],
+                short_factor=long["short_factor"], long_factor=long["short_factor"],
+                long_mscale=long["attention"],
+            )
 
     def ensure(self, end: int) -> None:
         """Grow the cache arrays to hold at least ``end`` slots."""

@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +60,28 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     if isinstance(rope.get("full_attention"), dict):  # gemma3: one set per layer type
         rope = rope["full_attention"]
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", "llama3", "linear"):
-        raise DraftwiseError(f"unsupported rope type {rope_type!r} (supported: default, llama3, linear)")
-    partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
-    if partial != 1.0:
-        raise DraftwiseError(
-            f"partial_rotary_factor {partial} is not supported yet (RoPE over the whole head only)"
-        )
+    if rope_type not in ("default", "llama3", "linear", "longrope", "su"):
+        raise DraftwiseError(f"unsupported rope type {rope_type!r} (supported: default, llama3, linear, longrope)")
+    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    if partial != 1.0 and cfg.get("model_type") != "phi3":  # mlx-lm's phi3 rotates part of a head
+        raise DraftwiseError(f"partial_rotary_factor {partial} is supported for phi3 only")
     return cfg
+
+
+def longrope(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """LongRoPE's settings (phi3: Phi-3.5, Phi-4-mini), or None: the short factors, the
+    original context and the attention factor, as transformers derives them."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type")) not in ("longrope", "su"):
+        return None
+    old = rope.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+    if not isinstance(old, int) or old < 1:
+        raise DraftwiseError(f"longrope needs original_max_position_embeddings, got {old!r}")
+    factor = rope.get("factor") or int(cfg.get("max_position_embeddings") or old) / old
+    attention = rope.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(old))
+    return {"short_factor": rope["short_factor"], "original": old, "attention": float(attention)}
 
 
 def config_overrides(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -92,6 +107,9 @@ def config_overrides(cfg: dict[str, Any]) -> dict[str, Any]:
         if cfg.get("rope_scaling") is None and rope_type != "default":
             out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
             out["rope_scaling"].setdefault("type", rope_type)  # the key some modules read
+        for key in ("original_max_position_embeddings", "partial_rotary_factor"):
+            if key in rope and key not in cfg:  # top-level fields in mlx-lm's ModelArgs
+                out[key] = rope[key]
     return out
 
 
@@ -119,6 +137,9 @@ def context_window(cfg: dict[str, Any]) -> int:
     # gemma's windowed layers are computed as such (``llama.py``), not capped
     if window and sliding and cfg.get("model_type") not in WINDOWED_TYPES:
         limit = min(limit, int(window))
+    long = longrope(cfg)
+    if long is not None:  # transformers switches to the long factors past this
+        limit = min(limit, long["original"])
     return limit
 
 

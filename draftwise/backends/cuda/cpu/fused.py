@@ -134,6 +134,7 @@ class FusedForward:
             or getattr(cfg, "act", "silu") != "silu"
             or getattr(cfg, "embed_scale", None) is not None
             or getattr(cfg, "final_softcap", None) is not None
+            or getattr(cfg, "rot_dim", cfg.head_dim) != cfg.head_dim  # partial RoPE
             or not all(
                 _native_int4(getattr(ly, name))
                 for ly in model.layers
