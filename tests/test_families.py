@@ -53,6 +53,12 @@ def family_config(family: str, vocab: int):
         return transformers.Gemma3TextConfig(**SIZES, vocab_size=vocab, head_dim=16, query_pre_attn_scalar=16,
                                              layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                                              sliding_window=WINDOW)
+    if family == "gemma3-mm":  # an image-text checkpoint (Gemma 3 4B+): its text model
+        return transformers.Gemma3Config(mm_tokens_per_image=4, text_config=dict(
+            **SIZES, vocab_size=vocab, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"]), vision_config=dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+            patch_size=14))
     if family == "llama-linear":  # linear RoPE scaling
         return transformers.LlamaConfig(**SIZES, vocab_size=vocab, rope_parameters={
             "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
@@ -64,7 +70,10 @@ def save_family(family: str, out: Path, default_model_dir: Path):
     vocab = json.loads((default_model_dir / "config.json").read_text())["vocab_size"]
     cfg = family_config(family, vocab)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    if family == "gemma3-mm":
+        model = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -72,6 +81,11 @@ def save_family(family: str, out: Path, default_model_dir: Path):
     sd = {k: v.contiguous() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
+    if family == "gemma3-mm":  # the Hub files' names (transformers 5 would write model.language_model.*)
+        hub = (("model.language_model.", "language_model.model."), ("model.vision_tower.", "vision_tower."),
+               ("model.multi_modal_projector.", "multi_modal_projector."))
+        for old, new in hub:
+            sd = {(new + k[len(old):] if k.startswith(old) else k): v for k, v in sd.items()}
     safetensors_torch.save_file(sd, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg.to_dict()))
     for name in TOKENIZER:
@@ -81,7 +95,7 @@ def save_family(family: str, out: Path, default_model_dir: Path):
 
 
 @pytest.fixture(scope="module", params=["llama3", "qwen2", "qwen3", "mistral", "phi3", "llama-linear",
-                                        "gemma2", "gemma3", "phi3-longrope"])
+                                        "gemma2", "gemma3", "gemma3-mm", "phi3-longrope"])
 def family(request, default_model_dir, tmp_path_factory):
     return request.param, *save_family(request.param, tmp_path_factory.mktemp(request.param) / "model",
                                        default_model_dir)

@@ -41,6 +41,7 @@ from draftwise.backends.cuda.cpu.fused import FusedForward
 from draftwise.backends.cuda.cpu.int4 import Int4Weight, Weight, fuse_q4, linear, quantize_rtn
 from draftwise.backends.cuda.invariant import Plan, plan_attention
 from draftwise.backends.gguf_q4 import HEAD, Q4, FourBit, dequantize
+from draftwise.core.textpart import text_config, text_weight_name
 from draftwise.core.windows import layer_types, sliding_layers
 from draftwise.errors import DraftwiseError
 
@@ -413,7 +414,7 @@ def read_llama_config(model_dir: str | Path) -> LlamaConfig:
     path = Path(model_dir) / "config.json"
     if not path.exists():
         raise DraftwiseError(f"no config.json in {model_dir}")
-    return LlamaConfig.from_dict(json.loads(path.read_text()))
+    return LlamaConfig.from_dict(text_config(json.loads(path.read_text())))
 
 
 def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -430,6 +431,10 @@ def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for f in files:
         out.update(load_file(str(f)))  # to CPU first: the fused copies happen on device
+    if any(k.startswith(("model.language_model.", "language_model.")) for k in out):
+        # a multimodal checkpoint (gemma3): its text model's tensors only
+        renamed = {text_weight_name(k): v for k, v in out.items()}
+        out = {k: v for k, v in renamed.items() if k is not None}
     quant = json.loads((model_dir / "config.json").read_text()).get("quantization")
     if isinstance(quant, dict) and any(k.endswith(".scales") for k in out):
         bits, group = int(quant.get("bits", 0)), int(quant.get("group_size", 0))

@@ -47,6 +47,8 @@ class Llama:
     after attention and the MLP, score and logit soft-capping."""
 
     def __init__(self, module: nn.Module, cfg: dict[str, Any], max_cache_len: int) -> None:
+        # a multimodal checkpoint's module (gemma3) holds its text model
+        module = getattr(module, "language_model", module)
         self.module = module
         inner = module.model  # LlamaModel / Qwen2Model: embed_tokens, layers, norm
         self.embed = inner.embed_tokens

@@ -21,6 +21,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from draftwise.core.textpart import text_config
 from draftwise.core.windows import WINDOWED_TYPES
 from draftwise.errors import DraftwiseError
 
@@ -49,7 +50,8 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config.json"
     if not path.is_file():
         raise DraftwiseError(f"no config.json in {model_dir}")
-    cfg: dict[str, Any] = json.loads(path.read_text())
+    full: dict[str, Any] = json.loads(path.read_text())
+    cfg = text_config(full)  # a multimodal checkpoint (gemma3): its text model
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise DraftwiseError(
@@ -65,7 +67,7 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     if partial != 1.0 and cfg.get("model_type") != "phi3":  # mlx-lm's phi3 rotates part of a head
         raise DraftwiseError(f"partial_rotary_factor {partial} is supported for phi3 only")
-    return cfg
+    return full
 
 
 def longrope(cfg: dict[str, Any]) -> dict[str, Any] | None:
@@ -85,6 +87,18 @@ def longrope(cfg: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def config_overrides(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``_overrides`` of the config, or of its ``text_config`` (a multimodal checkpoint,
+    whose module builds its text model from that)."""
+    if text_config(cfg) is not cfg:
+        inner = _overrides(cfg["text_config"] | {"model_type": text_config(cfg)["model_type"]})
+        out: dict[str, Any] = {"text_config": {**cfg["text_config"], **inner}}
+        if "vocab_size" in cfg["text_config"] and "vocab_size" not in cfg:
+            out["vocab_size"] = cfg["text_config"]["vocab_size"]  # mlx-lm's gemma3 copies it in
+        return out
+    return _overrides(cfg)
+
+
+def _overrides(cfg: dict[str, Any]) -> dict[str, Any]:
     """Fields mlx-lm's ModelArgs would otherwise get wrong.
 
     transformers 5 writes RoPE settings as ``rope_parameters`` (theta inside); mlx-lm
@@ -175,7 +189,7 @@ def load_module(model_dir: str | Path, dtype: str) -> tuple[nn.Module, dict[str,
             raise DraftwiseError(
                 f"{model_dir} is already quantized to {bits} bits; use --dtype {bits}bit"
             )
-        return module, cfg
+        return module, text_config(cfg)
     if dtype in FLOAT_DTYPES:
         module.set_dtype(FLOAT_DTYPES[dtype])
     else:
@@ -186,4 +200,4 @@ def load_module(model_dir: str | Path, dtype: str) -> tuple[nn.Module, dict[str,
             module, group_size=GROUP_SIZE, bits=QUANT_BITS[dtype], class_predicate=_quantizable
         )
     mx.eval(module.parameters())
-    return module, cfg
+    return module, text_config(cfg)
