@@ -21,14 +21,12 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import torch
 
 from draftwise.backends.cuda.batch import mlp_block
 from draftwise.backends.cuda.cpu.int4 import linear
-from draftwise.backends.cuda.llama import Llama, rms_norm, rope_tables
+from draftwise.backends.cuda.llama import Llama, rms_norm, rope_table_set
 from draftwise.errors import DraftwiseError
 
 
@@ -40,11 +38,7 @@ class _Batch:
         shape = (cfg.n_layers, 2, b, cfg.n_kv_heads, slots, cfg.head_dim)
         self.kv = torch.zeros(shape, dtype=model.dtype)  # (L, 2, B, H_kv, S, D)
         self.ok = torch.zeros((b, slots), dtype=torch.bool)  # (B, S) slot holds a real token
-        cpu = torch.device("cpu")
-        self.ropes = [rope_tables(cfg, slots, model.dtype, cpu)]  # gemma3: a second base
-        if cfg.local_layers:
-            local = replace(cfg, rope_theta=cfg.local_rope_theta, rope_type="default", rope_params={})
-            self.ropes.append(rope_tables(local, slots, model.dtype, cpu))
+        self.ropes = rope_table_set(cfg, slots, model.dtype, torch.device("cpu"))  # per Layer.rope
 
 
 def _left_padded(

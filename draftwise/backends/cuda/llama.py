@@ -373,6 +373,18 @@ def rope_tables(
     return cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
 
 
+def rope_table_set(
+    cfg: LlamaConfig, n: int, dtype: torch.dtype, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``rope_tables`` of every RoPE a layer may use (``Layer.rope`` indexes it): the
+    model's, then gemma3's sliding layers' own default-RoPE base."""
+    out = [rope_tables(cfg, n, dtype, device)]
+    if cfg.local_layers:
+        local = replace(cfg, rope_theta=cfg.local_rope_theta, rope_type="default", rope_params={})
+        out.append(rope_tables(local, n, dtype, device))
+    return out
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     if x.is_cuda:
         # torch's fused kernel: one launch where the reference takes five. A CUDA step
@@ -604,12 +616,9 @@ class Llama:
                     f"checkpoint has weights the {cfg.model_type} forward does not use: "
                     f"{', '.join(sorted(unused)[:3])}"
                 )
-            self.cos, self.sin = rope_tables(cfg, max_cache_len, dtype, device)
             # (cos, sin) per table: the model's, and gemma3's sliding layers' own base
-            self.ropes = [(self.cos, self.sin)]
-            if cfg.local_layers:
-                local = replace(cfg, rope_theta=cfg.local_rope_theta, rope_type="default", rope_params={})
-                self.ropes.append(rope_tables(local, max_cache_len, dtype, device))
+            self.ropes = rope_table_set(cfg, max_cache_len, dtype, device)
+            self.cos, self.sin = self.ropes[0]
             half = cfg.rot_dim // 2
             # sin with its first half negated: rotate_half(x) * sin == roll(x) * this
             self.sins_signed = [torch.cat([-sn[:, :half], sn[:, half:]], dim=-1) for _, sn in self.ropes]
