@@ -345,39 +345,6 @@ class Check:
                               f"{m:.2f}" for m in out["graph_ms"]) + f"); compile {secs:.0f} s"))
         return out
 
-    def graph_ms(self, be: Any, rows: int, ctx: int) -> float | None:
-        """Median ms of one step replayed from a CUDA graph of the forward at ``rows``
-        rows over a cache of ``ctx`` tokens, argmax on the device and brought to the
-        host (the step's one sync), as the eager curve's ``verify`` does. None on CPU."""
-        import torch
-
-        from draftwise.backends.cuda.llama import causal_mask
-
-        if self.device.type != "cuda":
-            return None
-        model, vocab = be.model, be.vocab_size
-        tokens = torch.randint(10, vocab - 1, (rows,), device=self.device)  # (T,)
-        pos = torch.arange(ctx, ctx + rows, device=self.device)  # (T,)
-        mask = causal_mask(rows, ctx, self.device) if rows > 1 else None  # (T, ctx+T)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.inference_mode():
-            for _ in range(2):  # warm-up off the capture (cuBLAS workspaces, autotuning)
-                model.forward(tokens, pos, ctx, mask, True)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph):
-            am = model.forward(tokens, pos, ctx, mask, True).argmax(dim=-1)  # (T,)
-        times = []
-        for _ in range(3 + self.args.reps * 4):
-            t0 = time.perf_counter()
-            graph.replay()
-            am.cpu()
-            times.append((time.perf_counter() - t0) * 1e3)
-        del graph
-        times = sorted(times[3:])
-        return round(times[len(times) // 2], 3)
-
     def probe(self) -> dict[str, Any]:
         """Is a row's output independent of the rows beside it? Row 0 (one token at one
         position over the same cache) in steps of 1, 4, 16 and 64 rows, the others

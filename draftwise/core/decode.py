@@ -68,18 +68,18 @@ def check_request(max_tokens: int, budget: int) -> None:
         ...
         draftwise.errors.DraftwiseError: max_tokens must be at most 16777216, got 1000000000000
     """
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
-        raise DraftwiseError(f"max_tokens must be an integer, got {max_tokens!r}")
-    if max_tokens < 1:
-        raise DraftwiseError(f"max_tokens must be >= 1, got {max_tokens}")
-    if max_tokens > MAX_TOKENS:
-        raise DraftwiseError(f"max_tokens must be at most {MAX_TOKENS}, got {max_tokens}")
-    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
-        raise DraftwiseError(f"draft budget must be an integer, got {budget!r}")
-    if budget < 0:
-        raise DraftwiseError(f"draft budget must be >= 0, got {budget}")
-    if budget > MAX_BUDGET:
-        raise DraftwiseError(f"draft budget must be at most {MAX_BUDGET}, got {budget}")
+    _check_int("max_tokens", max_tokens, 1, MAX_TOKENS)
+    _check_int("draft budget", budget, 0, MAX_BUDGET)
+
+
+def _check_int(what: str, value: object, lo: int, hi: int) -> None:
+    """``value`` is an integer in ``lo..hi``, else one line naming ``what`` and it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise DraftwiseError(f"{what} must be an integer, got {value!r}")
+    if value < lo:
+        raise DraftwiseError(f"{what} must be >= {lo}, got {value}")
+    if value > hi:
+        raise DraftwiseError(f"{what} must be at most {hi}, got {value}")
 
 
 def common_prefix(a: list[int], b: np.ndarray) -> int:

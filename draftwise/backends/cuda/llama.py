@@ -622,7 +622,6 @@ class Llama:
             half = cfg.rot_dim // 2
             # sin with its first half negated: rotate_half(x) * sin == roll(x) * this
             self.sins_signed = [torch.cat([-sn[:, :half], sn[:, half:]], dim=-1) for _, sn in self.ropes]
-            self.sin_signed = self.sins_signed[0]
             self.act = ACTIVATIONS[cfg.act]
             # gemma: embeddings times sqrt(hidden), rounded to the compute dtype first (as
             # transformers does)
