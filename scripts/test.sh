@@ -4,7 +4,8 @@
 #                                   # slower duplicates marked `full` (tests/conftest.py)
 #   bash scripts/test.sh --full     # everything, the `full` tests included
 #   bash scripts/test.sh --sanitize # the compiled kernels built with AddressSanitizer and
-#                                   # UBSan, their tests (tests/backends/cuda/cpu) run
+#                                   # UBSan, their tests (tests/backends/cuda/cpu and the
+#                                   # compiled ReDrafter step's) run
 #                                   # under them; any finding fails the run
 #                                   # (a clean run records the kernels' hash in
 #                                   # .ci/sanitized.sha256; CI sanitizes when it differs)
@@ -13,7 +14,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kernel_hash() {  # the C sources and the Python that calls into them (C collation: stable)
-  (LC_ALL=C; cat draftwise/backends/cuda/cpu/csrc/* draftwise/backends/cuda/cpu/*.py) | sha256sum | cut -d' ' -f1
+  (LC_ALL=C; cat draftwise/backends/cuda/cpu/csrc/* draftwise/backends/cuda/cpu/*.py \
+    draftwise/backends/cuda/redrafter/native.py) | sha256sum | cut -d' ' -f1
 }
 mode=default
 case "${1:-}" in
@@ -32,7 +34,8 @@ if [ "$mode" = sanitize ]; then
   .venv/bin/python -c "from draftwise.backends.cuda.cpu import native
 assert native.attention_lib() is not None, 'the sanitizer build of the kernels failed'
 print('sanitizer build:', ' '.join(native.build_flags()))"
-  .venv/bin/python -m pytest -q -p no:cacheprovider -m "not full" tests/backends/cuda/cpu "$@"
+  .venv/bin/python -m pytest -q -p no:cacheprovider -m "not full" tests/backends/cuda/cpu \
+    tests/backends/cuda/redrafter/test_redrafter_native.py "$@"
   [ $# -eq 0 ] && kernel_hash > .ci/sanitized.sha256  # the whole kernel run passed
   exit 0
 fi

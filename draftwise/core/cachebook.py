@@ -100,6 +100,12 @@ class CacheBook:
             first = s + cut
         return first, pieces[::-1]
 
+    def residual_rows(self, start: int) -> tuple[int, list[object]] | None:
+        """``(first, pieces)``: the kept residual rows (before the final norm) of cached
+        positions ``first..cache_len-1``, in order, as the backend's arrays (see
+        ``hidden_rows``); for a drafter that applies the final norm itself."""
+        return self._rows_since(start)
+
     def hidden_rows(self, start: int) -> tuple[int, object | None] | None:
         """``(first, rows)``: the last-layer hidden states (after the final norm) of cached
         positions ``first..cache_len-1`` as a device array (n, C), ``first >= start`` the

@@ -77,6 +77,10 @@ def build_redrafter(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
         # 0.91 ms) and drafting at bw=1, t=3 fell from 11.3 to 6.9 ms a step. Drafts may
         # differ at near-ties; the output never does.
         net = net.to(torch.bfloat16)
+        from draftwise.backends.cuda.redrafter.native import NativeRecurrentStep, native_supported
+
+        if native_supported(net):  # the beam step in one compiled call (native.py)
+            return ReDrafter(NativeRecurrentStep(net, be, extend=extend), **opts)
         step = TorchRecurrentStep(net, be, int8=True, extend=extend)
         return ReDrafter(step, **opts)
     return ReDrafter(TorchRecurrentStep(net, be, extend=extend), **opts)

@@ -251,6 +251,13 @@ class TorchBackend(CacheBook, BatchMixin):
         with torch.inference_mode():
             return self.model.final_hidden(self._hidden_x)  # (C,)
 
+    def last_residual(self) -> torch.Tensor:
+        """(C,) the residual row ``last_hidden`` normalises (``model.norm``,
+        ``cfg.norm_eps``): for a drafter that applies the final norm itself."""
+        self._check_hidden()
+        assert self._hidden_x is not None
+        return self._hidden_x
+
     def _join_rows(self, pieces: list[object]) -> torch.Tensor:
         """Kept residual rows (``CacheBook.hidden_rows``) -> (n, C) after the final norm."""
         with torch.inference_mode():

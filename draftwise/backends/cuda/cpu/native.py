@@ -18,6 +18,10 @@ torch's matmul at 1 to 16 rows on an AMD EPYC Zen 1 (AVX2 only), and a whole flo
 2.5-3.5x faster at 1 to 16 rows on a Zen 4 (AVX-512; see ``f32.py``); the float32 mode takes
 it wherever it exists (``f32_lib()``).
 
+``csrc/redrafter.c`` is the ReDrafter drafting step in one call (the cell, the context
+attention and copy gate, the ResBlocks and the draft head, int8 weights, float32
+activations): see ``backends/cuda/redrafter/native.py``.
+
 All are compiled into one library, once per machine, with the system C compiler (``cc``,
 ``-O3 -march=native -fopenmp``, about 3 s on this project's CPU) into ``cache_dir()/kernels/`` (temp file,
 then rename) and called through ``ctypes``. Without a compiler, or with
@@ -50,7 +54,9 @@ from draftwise.core.paths import cache_dir
 from draftwise.errors import DraftwiseError
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = tuple(CSRC / f for f in ("attention.c", "int4.c", "forward.c", "f32.c"))
+SOURCES = tuple(
+    CSRC / f for f in ("attention.c", "int4.c", "forward.c", "f32.c", "redrafter.c")
+)
 HEADERS = (CSRC / "vec.h",)  # not compiled on their own, but part of the build's key
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 # DRAFTWISE_SANITIZE=1 (scripts/test.sh --sanitize): AddressSanitizer and UBSan, any
@@ -182,6 +188,10 @@ def attention_lib() -> ctypes.CDLL | None:
                         i64, p, p, i32,  # committed, extra, n_extra, e
                         p, p, i32,  # last_x, xn, threads
                     ]
+                    lib.dw_rd_ok.restype = ctypes.c_int
+                    lib.dw_rd_ok.argtypes = []
+                    rd = lib.dw_rd_step  # argtypes: redrafter/native.py (its structs)
+                    rd.restype = ctypes.c_int
                     _lib = lib
                 except OSError:
                     _lib = None
@@ -193,6 +203,13 @@ def int4_lib() -> ctypes.CDLL | None:
     without avx512_bf16)."""
     lib = attention_lib()
     return lib if lib is not None and lib.dw_int4_ok() == 1 else None
+
+
+def redrafter_lib() -> ctypes.CDLL | None:
+    """The compiled ReDrafter drafting step (``csrc/redrafter.c``), or None: no compiler,
+    ``DRAFTWISE_NATIVE=0``, or a CPU without AVX2 and FMA."""
+    lib = attention_lib()
+    return lib if lib is not None and lib.dw_rd_ok() == 1 else None
 
 
 def f32_kernel() -> ctypes.CDLL | None:

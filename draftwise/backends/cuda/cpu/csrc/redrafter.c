@@ -1,0 +1,406 @@
+/* The ReDrafter drafting step in one call (draftwise/backends/cuda/redrafter/native.py
+ * prepares the weights and checks every argument; the torch step in step.py is the
+ * reference and the fallback).
+ *
+ * Per row r of the B beams (float32 activations, int8 weights with one float scale per
+ * output row; C = hidden, D = context width, K = draft vocabulary, E = extra ids):
+ *   e   = embed[token_r]                                   (C)   bfloat16 row, widened
+ *   s   = SiLU(W e + b_w + U s_prev[parent_r])              (C)   U term only after step 1
+ *   q   = hq + Q_se [s, e]                                  (D)   with a context (D > 0)
+ *   a_h = softmax over the m entries and a "nowhere" slot of q_h . key_h / sqrt(D / H)
+ *   o   = sum_j a_j value_j                                 (D)
+ *   z0  = s + W_o o + b_o                                   (C)   (z0 = s without context)
+ *   x   = [h, z0] + SiLU(hr + R_s z0), then x += SiLU(R_i x + b_i) for the other blocks
+ *   z   = P x + b_p                                         (C)
+ *   l   = [H z + b_h, embed[extra] z + xbias]               (K + E)
+ * out[r] is log_softmax(l) without a context; with one, the normalized probabilities
+ *   p = (1 - g) softmax(l) + g copy + EPS,  g = sigmoid(hg + G [s, o]),
+ * copy putting head 0's weight a_j on column cols[j] (the caller takes the log).
+ *
+ * The matrix-vector products read each int8 weight once for all B rows, four outputs at
+ * a time (independent FMA chains), split over threads by output; each output is one
+ * thread's dot product in input order, so the result does not depend on the thread count.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vec.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define DW_RD 1
+#endif
+
+typedef struct {
+    const int8_t *w;    /* (n, k) codes, row-major */
+    const float *scale; /* (n,) */
+    const float *bias;  /* (n,) or NULL */
+    int64_t n, k;       /* n % 4 == 0, k % 16 == 0 (checked by the caller) */
+} DwI8;
+
+typedef struct {
+    int64_t c, d, heads, kdraft, vocab, nres; /* nres: ResBlocks after the first */
+    DwI8 w, u, res_s, proj, head, q_se, wo;
+    const DwI8 *res;       /* (nres,) 2C x 2C */
+    const float *g_so;     /* (C + D,) the gate's weights on [s, o] */
+    const uint16_t *embed; /* (vocab, C) bfloat16 */
+} DwRdNet;
+
+typedef struct {
+    const float *h, *hr, *hq; /* (C,), (2C,), (D,): h's parts, biases included */
+    float hg, xbias;
+    const float *keys, *vals; /* (m, D) */
+    const int64_t *cols;      /* (m,) column of each entry's next token, -1: none */
+    int64_t m;
+    const int64_t *extra; /* (E,) target ids of the extra columns */
+    int64_t e;
+} DwRdProposal;
+
+#define COPY_EPS 1e-9f
+#define PF_GROUPS 4 /* output groups of 4 rows prefetched ahead */
+
+int dw_rd_ok(void) {
+#ifdef DW_RD
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifdef DW_RD
+
+#if defined(__AVX512F__)
+typedef __m512 vf;
+#define VL 16
+static inline vf vzero(void) { return _mm512_setzero_ps(); }
+static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline vf vcodes(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+#else
+typedef __m256 vf;
+#define VL 8
+static inline vf vzero(void) { return _mm256_setzero_ps(); }
+static inline vf vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline vf vcodes(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float vsum(vf v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+static inline float bf16f(uint16_t b) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)b << 16;
+    return v.f;
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* y[r, n0..n0+3] for rb rows (a compile-time constant below): four outputs' dot
+ * products with rb rows of x, 4 x rb accumulators. */
+static inline __attribute__((always_inline)) void dot4(
+    const DwI8 *L, int64_t n0, const float *x, int64_t ldx, int rb, float *y, int64_t ldy) {
+    const int64_t k = L->k;
+    const int8_t *w0 = L->w + n0 * k;
+    vf acc[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int r = 0; r < 4; r++) acc[i][r] = vzero();
+    /* the weights come cold (the target's forward evicted them): prefetch the group
+     * PF_GROUPS ahead, one line a step (4 rows of k codes are 4k / 64 lines, and this loop
+     * takes k / VL steps); prefetching past the matrix's end is harmless */
+    const char *ahead = (const char *)(w0 + PF_GROUPS * 4 * k);
+    const int64_t line = (4 * k / 64) * 64 / (k / VL);
+    for (int64_t j = 0; j < k; j += VL) {
+        _mm_prefetch(ahead + (j / VL) * line, _MM_HINT_T0);
+        vf c0 = vcodes(w0 + j), c1 = vcodes(w0 + k + j);
+        vf c2 = vcodes(w0 + 2 * k + j), c3 = vcodes(w0 + 3 * k + j);
+        for (int r = 0; r < 4; r++) {
+            if (r >= rb) break;
+            vf xv = vload(x + r * ldx + j);
+            acc[0][r] = vfma(c0, xv, acc[0][r]);
+            acc[1][r] = vfma(c1, xv, acc[1][r]);
+            acc[2][r] = vfma(c2, xv, acc[2][r]);
+            acc[3][r] = vfma(c3, xv, acc[3][r]);
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        float sc = L->scale[n0 + i], b = L->bias ? L->bias[n0 + i] : 0.0f;
+        for (int r = 0; r < 4; r++) {
+            if (r >= rb) break;
+            y[r * ldy + n0 + i] = vsum(acc[i][r]) * sc + b;
+        }
+    }
+}
+
+#define DCASE(n) case n: dot4(L, n0, x + r0 * ldx, ldx, n, y + r0 * ldy, ldy); break;
+
+/* y (b, n) with row stride ldy = x (b, k) with row stride ldx times L's weights, plus
+ * its bias. */
+static void i8_mv(const DwI8 *L, const float *x, int64_t ldx, int64_t b, float *y,
+                  int64_t ldy, int threads) {
+    int64_t groups = L->n / 4;
+    int par = threads > 1 && L->n * L->k * (b < 4 ? b : 4) >= (1 << 17);
+#pragma omp parallel for schedule(static) num_threads(threads) if (par)
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t n0 = 4 * g;
+        for (int64_t r0 = 0; r0 < b; r0 += 4) {
+            int rb = (int)(b - r0 < 4 ? b - r0 : 4);
+            switch (rb) { DCASE(1) DCASE(2) DCASE(3) DCASE(4) }
+        }
+    }
+}
+
+static float dot_f(const float *a, const float *b, int64_t n) {
+    float t = 0.0f;
+    for (int64_t i = 0; i < n; i++) t += a[i] * b[i];
+    return t;
+}
+
+/* y (b, n) = x (b, k) times L's weights, plus its bias: the per-proposal layers (the
+ * hidden state's parts, the context entries' keys and values). */
+int dw_rd_linear(const DwI8 *L, const float *x, int64_t b, float *y, int threads) {
+    i8_mv(L, x, L->k, b, y, L->n, threads);
+    return 0;
+}
+
+/* A proposal's start: h = RMSNorm(x) * norm (the target's last hidden state from its
+ * residual row x (C)), then its parts: hr (2C) = R_h h + b, hq (D) = Q_h h + b and
+ * hg = g_h . h + g_b (with a context: q_h and g_h not NULL). */
+int dw_rd_start(const DwI8 *res_h, const DwI8 *q_h, const float *g_h, float g_b,
+                const float *x, const float *norm, float eps, int64_t c, float *h,
+                float *hr, float *hq, float *hg, int threads) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < c; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)c + eps);
+    for (int64_t i = 0; i < c; i++) h[i] = x[i] * r * norm[i];
+    i8_mv(res_h, h, c, 1, hr, res_h->n, threads);
+    if (q_h != NULL) {
+        i8_mv(q_h, h, c, 1, hq, q_h->n, threads);
+        *hg = g_b + dot_f(g_h, h, c);
+    }
+    return 0;
+}
+
+/* cnt new context entries: entry i stands for token tok[i] with the target's hidden
+ * states g_{i-1} and g_i (rows off + i and off + i + 1 of the residual rows x (n, C),
+ * normalised here as in dw_rd_start) and the token that followed, tok[i + 1]:
+ *   keys[i] = W_k [g_{i-1}, e(tok[i])] + b_k,  vals[i] = W_v [e(tok[i + 1]), g_i] + b_v.
+ * Rows off .. off + cnt of x must exist (the caller checks). Returns 1 when scratch
+ * memory could not be allocated. */
+int dw_rd_entries(const DwI8 *wk, const DwI8 *wv, const float *x, int64_t off, int64_t cnt,
+                  const float *norm, float eps, const uint16_t *embed, const int64_t *tok,
+                  int64_t c, float *keys, float *vals, int threads) {
+    const int64_t c2 = 2 * c;
+    float *g = (float *)malloc(sizeof(float) * (size_t)((cnt + 1) * c + 2 * cnt * c2 + 1));
+    if (g == NULL) return 1;
+    float *kin = g + (cnt + 1) * c, *vin = kin + cnt * c2;
+    for (int64_t i = 0; i <= cnt; i++) {
+        const float *xr = x + (off + i) * c;
+        float ss = 0.0f;
+        for (int64_t j = 0; j < c; j++) ss += xr[j] * xr[j];
+        float r = 1.0f / sqrtf(ss / (float)c + eps);
+        for (int64_t j = 0; j < c; j++) g[i * c + j] = xr[j] * r * norm[j];
+    }
+    for (int64_t i = 0; i < cnt; i++) {
+        const uint16_t *e0 = embed + tok[i] * c, *e1 = embed + tok[i + 1] * c;
+        for (int64_t j = 0; j < c; j++) {
+            kin[i * c2 + j] = g[i * c + j];
+            kin[i * c2 + c + j] = bf16f(e0[j]);
+            vin[i * c2 + j] = bf16f(e1[j]);
+            vin[i * c2 + c + j] = g[(i + 1) * c + j];
+        }
+    }
+    i8_mv(wk, kin, c2, cnt, keys, wk->n, threads);
+    i8_mv(wv, vin, c2, cnt, vals, wv->n, threads);
+    free(g);
+    return 0;
+}
+
+/* x[i] = exp(x[i] - mx) for i < n; returns their sum (in a fixed order). */
+static float exp_shift(float *x, int64_t n, float mx) {
+    float tot = 0.0f;
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps(), m = _mm512_set1_ps(mx);
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = dw_exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
+        _mm512_storeu_ps(x + i, v);
+        acc = _mm512_add_ps(acc, v);
+    }
+    tot = _mm512_reduce_add_ps(acc);
+#endif
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        tot += x[i];
+    }
+    return tot;
+}
+
+static float max_of(const float *x, int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+/* Attention of one row's query q (D) over the proposal's m entries and the nowhere
+ * slot, per head; o (D) the read-out, w0 (m) head 0's weights. sc: m + 1 floats. */
+static void attend(const DwRdNet *net, const DwRdProposal *pr, const float *q, float *o,
+                   float *w0, float *sc) {
+    int64_t d = net->d, nh = net->heads, dh = d / nh, m = pr->m;
+    float scale = 1.0f / sqrtf((float)dh);
+    for (int64_t h = 0; h < nh; h++) {
+        const float *qh = q + h * dh;
+        for (int64_t j = 0; j < m; j++) sc[j] = dot_f(qh, pr->keys + j * d + h * dh, dh) * scale;
+        sc[m] = 0.0f; /* attend nowhere */
+        float tot = exp_shift(sc, m + 1, max_of(sc, m + 1));
+        float *oh = o + h * dh;
+        for (int64_t i = 0; i < dh; i++) oh[i] = 0.0f;
+        for (int64_t j = 0; j < m; j++) {
+            float a = sc[j] / tot;
+            const float *v = pr->vals + j * d + h * dh;
+            for (int64_t i = 0; i < dh; i++) oh[i] += a * v[i];
+            if (h == 0) w0[j] = a;
+        }
+    }
+}
+
+/* One drafting step for b rows; see the file's comment. s_prev (rows of the previous
+ * step, or NULL at the first step: U s = 0), s_out (b, C), out (b, K + E). Returns 0, or
+ * 1 when scratch memory could not be allocated. */
+int dw_rd_step(const DwRdNet *net, const DwRdProposal *pr, const int64_t *tokens,
+               const int64_t *parents, int64_t b, const float *s_prev, float *s_out,
+               float *out, int threads) {
+    const int64_t c = net->c, d = net->d, kd = net->kdraft, e = pr->e, m = d ? pr->m : 0;
+    const int64_t width = kd + e, c2 = 2 * c;
+    /* scratch: emb (b, 2C) = [s, e] for the query, sp (b, C), q (b, D), o (b, D),
+     * w0 (b, m), sc (m + 1), z0 (b, C), x (b, 2C), t (b, 2C), z (b, C) */
+    size_t floats = (size_t)(b * (3 * c2 + 3 * c + 2 * d + m) + m + 1);
+    float *buf = (float *)malloc(sizeof(float) * floats);
+    if (buf == NULL) return 1;
+    float *se = buf, *sp = se + b * c2, *q = sp + b * c, *o = q + b * d, *w0 = o + b * d;
+    float *sc = w0 + b * m, *z0 = sc + m + 1, *x = z0 + b * c, *t = x + b * c2;
+    float *z = t + b * c2;
+
+    /* the cell: se[r] = [s, e] (s filled below) */
+    for (int64_t r = 0; r < b; r++) {
+        const uint16_t *row = net->embed + tokens[r] * c;
+        for (int64_t i = 0; i < c; i++) se[r * c2 + c + i] = bf16f(row[i]);
+    }
+    i8_mv(&net->w, se + c, c2, b, s_out, c, threads);
+    if (s_prev != NULL) {
+        for (int64_t r = 0; r < b; r++) memcpy(sp + r * c, s_prev + parents[r] * c, sizeof(float) * c);
+        i8_mv(&net->u, sp, c, b, t, c, threads);
+        for (int64_t i = 0; i < b * c; i++) s_out[i] += t[i];
+    }
+    for (int64_t i = 0; i < b * c; i++) s_out[i] = silu(s_out[i]);
+
+    /* the context's attention and read-out */
+    memcpy(z0, s_out, sizeof(float) * b * c);
+    if (d) {
+        for (int64_t r = 0; r < b; r++) memcpy(se + r * c2, s_out + r * c, sizeof(float) * c);
+        i8_mv(&net->q_se, se, c2, b, q, d, threads);
+        for (int64_t r = 0; r < b; r++) {
+            for (int64_t i = 0; i < d; i++) q[r * d + i] += pr->hq[i];
+            if (m) attend(net, pr, q + r * d, o + r * d, w0 + r * m, sc);
+            else for (int64_t i = 0; i < d; i++) o[r * d + i] = 0.0f;
+        }
+        i8_mv(&net->wo, o, d, b, t, c, threads);
+        for (int64_t i = 0; i < b * c; i++) z0[i] += t[i];
+    }
+
+    /* the head: ResBlocks on [h, z0], the projection, the draft rows and the extra ids */
+    i8_mv(&net->res_s, z0, c, b, t, c2, threads);
+    for (int64_t r = 0; r < b; r++)
+        for (int64_t i = 0; i < c2; i++) {
+            float base = i < c ? pr->h[i] : z0[r * c + i - c];
+            x[r * c2 + i] = base + silu(pr->hr[i] + t[r * c2 + i]);
+        }
+    for (int64_t l = 0; l < net->nres; l++) {
+        i8_mv(&net->res[l], x, c2, b, t, c2, threads);
+        for (int64_t i = 0; i < b * c2; i++) x[i] += silu(t[i]);
+    }
+    i8_mv(&net->proj, x, c2, b, z, c, threads);
+    i8_mv(&net->head, z, c, b, out, width, threads);
+    int par = threads > 1 && e * c * b >= (1 << 16);
+#pragma omp parallel for schedule(static) num_threads(threads) if (par)
+    for (int64_t i = 0; i < e; i++) {
+        const uint16_t *row = net->embed + pr->extra[i] * c;
+        for (int64_t r = 0; r < b; r++) {
+            const float *zr = z + r * c;
+            float acc = 0.0f;
+            for (int64_t j = 0; j < c; j++) acc += zr[j] * bf16f(row[j]);
+            out[r * width + kd + i] = acc + pr->xbias;
+        }
+    }
+
+    /* the distribution */
+    for (int64_t r = 0; r < b; r++) {
+        float *l = out + r * width;
+        float mx = max_of(l, width);
+        if (!d) {
+            float tot = 0.0f;
+            for (int64_t i = 0; i < width; i++) tot += expf(l[i] - mx);
+            float lse = mx + logf(tot);
+            for (int64_t i = 0; i < width; i++) l[i] -= lse;
+            continue;
+        }
+        float tot = exp_shift(l, width, mx);
+        const float *gw = net->g_so;
+        float g = pr->hg + dot_f(gw, s_out + r * c, c) + dot_f(gw + c, o + r * d, d);
+        g = 1.0f / (1.0f + expf(-g));
+        float keep = (1.0f - g) / tot, sum = 0.0f;
+        for (int64_t i = 0; i < width; i++) l[i] = keep * l[i];
+        for (int64_t j = 0; j < m; j++)
+            if (pr->cols[j] >= 0) l[pr->cols[j]] += g * w0[r * m + j];
+        for (int64_t i = 0; i < width; i++) {
+            l[i] += COPY_EPS;
+            sum += l[i];
+        }
+        float inv = 1.0f / sum;
+        for (int64_t i = 0; i < width; i++) l[i] *= inv;
+    }
+    free(buf);
+    return 0;
+}
+
+#else
+
+int dw_rd_start(const void *res_h, const void *q_h, const float *g_h, float g_b,
+                const float *x, const float *norm, float eps, int64_t c, float *h,
+                float *hr, float *hq, float *hg, int threads) {
+    (void)res_h; (void)q_h; (void)g_h; (void)g_b; (void)x; (void)norm; (void)eps; (void)c;
+    (void)h; (void)hr; (void)hq; (void)hg; (void)threads;
+    return 2;
+}
+
+int dw_rd_entries(const void *wk, const void *wv, const float *x, int64_t off, int64_t cnt,
+                  const float *norm, float eps, const uint16_t *embed, const int64_t *tok,
+                  int64_t c, float *keys, float *vals, int threads) {
+    (void)wk; (void)wv; (void)x; (void)off; (void)cnt; (void)norm; (void)eps; (void)embed;
+    (void)tok; (void)c; (void)keys; (void)vals; (void)threads;
+    return 2;
+}
+
+int dw_rd_linear(const void *L, const float *x, int64_t b, float *y, int threads) {
+    (void)L; (void)x; (void)b; (void)y; (void)threads;
+    return 2;
+}
+
+int dw_rd_step(const void *net, const void *pr, const int64_t *tokens, const int64_t *parents,
+               int64_t b, const float *s_prev, float *s_out, float *out, int threads) {
+    (void)net; (void)pr; (void)tokens; (void)parents; (void)b; (void)s_prev; (void)s_out;
+    (void)out; (void)threads;
+    return 2;
+}
+
+#endif

@@ -1,0 +1,127 @@
+"""The compiled ReDrafter step (``redrafter/native.py``, ``cpu/csrc/redrafter.c``) gives the
+torch step's draft distributions (float32 activations instead of bfloat16: a small
+error), the same drafts where they are not near-ties, on a tiny model and on the real
+default model with the shipped network; it refuses out-of-range arguments before C runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from draftwise.backends.cuda.redrafter.native import (  # noqa: E402
+    NativeRecurrentStep,
+    native_supported,
+)
+from draftwise.backends.cuda.redrafter.step import TorchRecurrentStep, int8_supported  # noqa: E402
+from draftwise.core.drafters.redrafter import ReDrafter  # noqa: E402
+from draftwise.drafting.redrafter import SHIPPED  # noqa: E402
+from tests.backends.cuda.redrafter.test_redrafter_step import V, _net, _two_steps, tiny  # noqa: E402,F401
+from tests.prompts import OWN_PROMPTS  # noqa: E402
+
+needs_native = pytest.mark.skipif(not int8_supported(), reason="no int8 matmul in this torch")
+
+
+def _native_or_skip(net, backend, extend=False):  # type: ignore[no-untyped-def]
+    if not native_supported(net):
+        pytest.skip("the compiled ReDrafter step is not available here (no compiler, "
+                    "DRAFTWISE_NATIVE=0, or a CPU without AVX2 and FMA)")
+    return NativeRecurrentStep(net, backend, extend=extend)
+
+
+@needs_native
+@pytest.mark.parametrize("context_dim", [0, 64])
+@pytest.mark.parametrize("extend", [False, True])
+def test_native_step_equals_the_torch_step(tiny, context_dim, extend):  # type: ignore[no-untyped-def]
+    """Two beam steps (the first from the initial state, the second continuing three
+    beams): the compiled step's log-probs are the float32 network's and the int8 torch
+    step's up to the weights' and activations' rounding; the context entries, extra ids
+    and copy columns are the same."""
+    net = _net(tiny, context_dim, noise=0.2)  # top draft probabilities 0.4-0.8
+    ctx = np.array([3, 40, 95, 3, 11, 96, 50, 95, 40, 2, 96, 7])  # ids outside 10..89 too
+    dense = _two_steps(TorchRecurrentStep(net, tiny, extend=extend), tiny, ctx)
+    torch8 = TorchRecurrentStep(net, tiny, int8=True, extend=extend)
+    q8 = _two_steps(torch8, tiny, ctx)
+    native = _native_or_skip(net, tiny, extend)
+    got = _two_steps(native, tiny, ctx)
+    assert native.vocab_ids.tolist() == torch8.vocab_ids.tolist()
+    for a, b, c in zip(dense, q8, got, strict=True):
+        assert c.shape == a.shape and c.dtype == np.float32
+        assert np.exp(a).max() > 4 / a.shape[1]  # not a flat distribution
+        # the weights' int8 rounding is torch's; float32 activations add nothing beyond
+        # it (measured: max error 0.0017-0.016 against the int8 torch step's 0.003-0.030)
+        pa, pb, pc = np.exp(a), np.exp(b), np.exp(c)
+        assert np.abs(pa - pc).max() <= np.abs(pa - pb).max() + 2e-3
+        assert np.abs(pa - pc).sum(-1).max() <= np.abs(pa - pb).sum(-1).max() + 2e-3
+        np.testing.assert_allclose(np.exp(c).sum(-1), 1.0, atol=1e-4)
+    if context_dim:
+        assert native._m == torch8._m > 0
+        torch.testing.assert_close(native._kvc[0][: native._m], torch8._kvc[0][: torch8._m],
+                                   rtol=0.05, atol=0.05)
+        assert native._cols.tolist() == torch8._cols.tolist()
+
+
+@needs_native
+def test_native_step_refuses_bad_arguments(tiny):  # type: ignore[no-untyped-def]
+    """Token ids outside the vocabulary and parent rows the last step did not have are
+    refused with one line before the compiled call."""
+    net = _net(tiny, 64)
+    step = _native_or_skip(net, tiny)
+    ctx = np.random.default_rng(0).integers(0, V, 12)
+    tiny.reset()
+    tiny.prefill(ctx[:-1])
+    assert step.start(ctx.size - 1, ctx)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        step.step(np.array([V]), np.array([-1]))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        step.step(np.array([-1]), np.array([-1]))
+    step.step(ctx[-1:], np.array([-1]))  # one row
+    with pytest.raises(ValueError, match="parent rows outside 0..0"):
+        step.step(np.array([5, 6]), np.array([0, 1]))
+    with pytest.raises(ValueError, match="as many parents"):
+        step.step(np.array([5, 6]), np.array([0]))
+    assert not step.start(ctx.size, np.append(ctx, 3))  # no hidden state for that length
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="no shipped checkpoint")
+def test_shipped_network_native_drafts_equal_the_torch_step(torch_model):  # type: ignore[no-untyped-def]
+    """The default model with the shipped network: the drafter built on the CPU is the
+    compiled one, and at every proposal of a generation its chain (bw=1, t=3) draft
+    distributions are the torch step's within 0.02, with the same token wherever the
+    torch step's best token leads its second by more than 0.1 in log-probability."""
+    import draftwise
+
+    d = torch_model.drafter("redrafter:bw=1,t=3")
+    native = d.net
+    if not isinstance(native, NativeRecurrentStep):
+        pytest.skip("the compiled ReDrafter step is not available here")
+    ref = TorchRecurrentStep(native.net, torch_model.backend, int8=True, extend=True)
+    prompt = OWN_PROMPTS[0]
+    out = draftwise.generate(torch_model, prompt, max_tokens=48, drafter="none")
+    ids = torch_model.encode_prompt(prompt) + torch_model.tokenizer.encode(out, add_special_tokens=False)
+    seq = np.array(ids, np.int64)
+    be = torch_model.backend
+    checked = same = 0
+    for cut in range(seq.size - 40, seq.size, 4):  # proposals at 10 points of the text
+        ctx = seq[:cut]
+        be.reset()
+        be.prefill(ctx[:-1])
+        assert native.start(ctx.size - 1, ctx) and ref.start(ctx.size - 1, ctx)
+        tok, par = ctx[-1:], np.array([-1])
+        for _ in range(3):  # a chain: feed the torch step's choice to both
+            a, b = ref.step(tok, par), native.step(tok, par)
+            assert np.abs(np.exp(a) - np.exp(b)).max() < 0.02
+            top = np.sort(a[0])[-2:]
+            if top[1] - top[0] > 0.1:
+                checked += 1
+                same += int(a[0].argmax() == b[0].argmax())
+            tok, par = ref.vocab_ids[a[0].argmax()][None], np.array([0])
+    assert checked >= 15 and same == checked
+    be.reset()
+    be.prefill(seq[:-1])
+    tree = ReDrafter(native, bw=2, t=3).propose(seq, 16)  # and a beam tree comes out
+    assert 3 <= len(tree) <= 16
