@@ -106,7 +106,10 @@ def beam_search(step: StepFn, root: int, width: int, length: int) -> Beams:
                 f"beam step must return ({tokens.size}, V) log-probs, got {lp.shape}"
             )
         total = score[:, None] + lp  # (B, V)
-        best = _top(total, width)  # (B',)
+        if width == 1:  # a chain: one argmax (ties to the lower index, as ``_top``)
+            best = np.array([int(total.argmax())])  # (1,)
+        else:
+            best = _top(total, width)  # (B',)
         beam, tok = np.divmod(best, lp.shape[1])  # (B',), (B',)
         if d:  # the previous depth's beams that none of the new ones continues
             gone = np.ones(seq.shape[0], bool)

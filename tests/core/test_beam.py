@@ -55,6 +55,19 @@ def test_beam_search_equals_naive_loop(seed: int) -> None:
     np.testing.assert_allclose(got.logp.sum(axis=1), got.score)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_one_beam_is_the_greedy_chain_ties_to_the_lower_id(seed: int) -> None:
+    """Width 1 (its own argmax path) equals the naive loop, and a tie goes to the lower
+    id as in wider searches."""
+    net = TableRNN(vocab=5, seed=seed)
+    got = beam_search(net.step, root=3, width=1, length=4)
+    assert got.tokens.tolist() == [naive_beam(TableRNN(5, seed), 3, 1, 4)[0][1]]
+    flat = np.log(np.full((1, 4), 0.25))
+    tied = beam_search(lambda t, p: np.repeat(flat, t.size, 0), root=0, width=1, length=2)
+    assert tied.tokens.tolist() == [[0, 0]]
+    assert [p.shape for p, _ in tied.pruned] == [(0, 1)]
+
+
 def test_wide_beam_equals_brute_force() -> None:
     """With width >= V^(T-1) nothing is pruned early: the beams are the global top-k."""
     vocab, length, width = 3, 3, 9
