@@ -37,6 +37,7 @@ Example: a flat cost curve keeps the whole tree, a steep one keeps nothing::
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -67,8 +68,30 @@ def choose_subtree(
 ) -> DraftTree:
     """The best-first prefix of ``tree`` (at most ``max_nodes`` nodes) with the most
     expected tokens per ms (``index``: ``acc.index(tree)``, when already known)."""
+    return plan_subtree(tree, acc, cost, context_len, max_nodes, index)[0]
+
+
+def plan_subtree(
+    tree: DraftTree,
+    acc: AcceptanceModel,
+    cost: CostModel,
+    context_len: int,
+    max_nodes: int | None = None,
+    index: tuple[np.ndarray, ...] | None = None,
+) -> tuple[DraftTree, float, float]:
+    """``choose_subtree``'s tree with its expected tokens per step (the bonus token
+    included) and its verify ms on ``cost``.
+
+    Example::
+
+        >>> acc = AcceptanceModel(prior=(1.0, 1.0))          # p = 0.5 per node
+        >>> t, tokens, ms = plan_subtree(DraftTree.chain([1, 2]), acc,
+        ...                              CostModel(rows=[1, 64], ms=[10.0, 10.0]), 100)
+        >>> len(t), tokens, ms
+        (2, 1.75, 10.0)
+    """
     if len(tree) == 0 or max_nodes == 0:
-        return DraftTree.empty()
+        return DraftTree.empty(), 1.0, float(cost.cost_upto(1, context_len)[0])
     path_p = path_reduce(tree.parents, acc.node_probs(tree, index), np.multiply, tree.max_depth)
     order = (-path_p).argsort(kind="stable")  # best first, ties by index: parents first
     size = len(tree)
@@ -79,11 +102,18 @@ def choose_subtree(
     gain += 1.0
     ms = cost.cost_upto(limit + 1, context_len)  # (n+1,) verify time of n nodes
     n = int((gain / ms).argmax())
-    return tree.subset(order[:n]) if n else DraftTree.empty()
+    chosen = tree.subset(order[:n]) if n else DraftTree.empty()
+    return chosen, float(gain[n]), float(ms[n])
 
 
 # a step whose drafting cannot pay skips it, but every EXPLORE_EVERY-th step still drafts
 EXPLORE_EVERY = 8
+# a member whose drafting costs at least this share of a plain step is gated: it drafts
+# only while, by the planner's own account, the steps it drafts in give more tokens per
+# ms (drafting included) than the same steps would without it (``AutoDrafter._gate``)
+GATE_SHARE = 0.04
+GATE_RATE = 0.1  # weight of a step's evidence in a gated member's running verdict
+GATE_TIMES = 9  # a member's drafting ms: the median of its last proposals' times
 PLAIN_EVERY = 4  # while the live cost curve lacks a timed plain step, one in this many is
 
 
@@ -132,6 +162,15 @@ class AutoDrafter:
         }
         # (full tree, root index, its acceptance cells) awaiting the tokens that judge it
         self._pending: deque[tuple[DraftTree, int, tuple[np.ndarray, ...]]] = deque()
+        # per member: running ms of its proposals, and (gated members) the running log
+        # of (tokens/ms with it) / (tokens/ms without it) on the steps it drafted in,
+        # and the steps since it last drafted
+        n = len(self.members)
+        self.member_ms: list[float | None] = [None] * n
+        self._times: list[deque[float]] = [deque(maxlen=GATE_TIMES) for _ in range(n)]
+        self.member_edge: list[float | None] = [None] * n
+        self._member_idle = [0] * n
+        self.member_skipped = [0] * n  # proposals each member sat out (gated)
 
     def observe_verify(self, rows: int, context_len: int, ms: float) -> None:
         """A verify's measured time corrects the curve in use (``CostModel.observe``)."""
@@ -180,16 +219,70 @@ class AutoDrafter:
             return DraftTree.empty()
         # merged uncut: a breadth-first cut would let one member's shallow guesses push
         # out another's deep ones; the choice below keeps the best ``cap`` nodes instead
-        full = merge_trees([m.propose(context, cap) for m in self.members])
+        c1 = float(self.cost.cost_upto(1, context.size)[0])
+        trees, ran = [], []
+        for i, m in enumerate(self.members):
+            if not self._runs(i, c1):
+                trees.append(DraftTree.empty())
+                continue
+            t0 = time.perf_counter()
+            trees.append(m.propose(context, cap))
+            self._times[i].append((time.perf_counter() - t0) * 1e3)
+            # a median: a text's first proposal may index the whole prompt (10x a step)
+            self.member_ms[i] = float(np.median(self._times[i]))
+            ran.append(i)
+        full = merge_trees(trees)
         index = self.acc.index(full)  # (source, depth, rank) cells: planning and scoring
         self._pending.append((full, context.size, index))
         first = full.depth == 1
         self._p1 = float(self.acc.node_probs(full, index)[first].max()) if first.any() else 0.0
-        chosen = choose_subtree(full, self.acc, self.cost, context.size, cap, index)
+        chosen, tokens, ms = plan_subtree(full, self.acc, self.cost, context.size, cap, index)
+        self._judge(trees, ran, tokens, ms, context.size, cap, c1)
         self.last_budget = len(chosen)
         if self._beams:
             self._size_beams(chosen)
         return chosen
+
+    def _gated(self, i: int, c1: float) -> bool:
+        """Whether member ``i``'s drafting is costly enough to be gated (``GATE_SHARE``
+        of a plain step of ``c1`` ms; unknown until it has drafted once)."""
+        ms = self.member_ms[i]
+        return ms is not None and ms >= GATE_SHARE * c1
+
+    def _runs(self, i: int, c1: float) -> bool:
+        """Member ``i`` drafts this step: a cheap one always; a gated one while its
+        verdict (``member_edge``) says it pays, and every ``EXPLORE_EVERY``-th step
+        regardless, so the verdict follows the text."""
+        edge = self.member_edge[i]
+        if not self._gated(i, c1) or edge is None or edge > 0.0:
+            self._member_idle[i] = 0
+            return True
+        self._member_idle[i] += 1
+        if self._member_idle[i] >= EXPLORE_EVERY:
+            self._member_idle[i] = 0
+            return True
+        self.member_skipped[i] += 1
+        return False
+
+    def _judge(
+        self, trees: list[DraftTree], ran: list[int], tokens: float, ms: float,
+        context_len: int, cap: int, c1: float,
+    ) -> None:
+        """Update each gated member's verdict that drafted this step: the planner's
+        expected tokens per ms (its drafting and the verify) with the member's tree
+        against the best plan of the others' trees alone (their drafting only)."""
+        draft_ms = sum(self.member_ms[i] or 0.0 for i in ran)
+        for i in ran:
+            if not self._gated(i, c1):
+                continue
+            others = merge_trees([t for j, t in enumerate(trees) if j != i])
+            _, tok_wo, ms_wo = plan_subtree(others, self.acc, self.cost, context_len, cap)
+            own = self.member_ms[i] or 0.0
+            with_i = tokens / (ms + draft_ms)
+            without = tok_wo / (ms_wo + draft_ms - own)
+            x = float(np.log(with_i / without))
+            old = self.member_edge[i]
+            self.member_edge[i] = x if old is None else old + GATE_RATE * (x - old)
 
     def _first_node_pays(self, context_len: int) -> bool:
         """One draft token accepted with the last proposal's best first-node probability

@@ -306,3 +306,57 @@ def test_drafting_is_skipped_when_no_first_token_can_pay():
             assert member.calls <= 64 // EXPLORE_EVERY + 4 and auto.skipped_total > 40
         else:
             assert member.calls == 64 and auto.skipped_total == 0
+
+
+class ChainDrafter:
+    """Proposes the two tokens after the context's last (``right``) or two wrong ones,
+    taking ``sleep_s`` to do it; counts its proposals."""
+
+    def __init__(self, name: str, right: bool, sleep_s: float = 0.0) -> None:
+        self.name, self.right, self.sleep_s, self.calls = name, right, sleep_s, 0
+
+    def reset(self) -> None: ...
+
+    def begin(self, prompt) -> None: ...
+
+    def update(self, context, n_new) -> None: ...
+
+    def propose(self, context, budget):
+        import time
+
+        from draftwise.core.tree import DraftTree
+
+        self.calls += 1
+        time.sleep(self.sleep_s)
+        last = int(context[-1])
+        return DraftTree.chain([last + 1, last + 2] if self.right else [1000, 1001])
+
+
+def test_a_costly_member_drafts_only_while_it_pays():
+    """A member whose drafting costs 20% of a plain step is gated by the planner's own
+    account of tokens per ms: beside a free member that guesses right, a wrong one sits
+    out all but every EXPLORE_EVERY-th step; a right one beside a wrong free member keeps
+    drafting (after its acceptance is learnt). The free member is never gated."""
+    import numpy as np
+
+    from draftwise.core.autotune import EXPLORE_EVERY
+
+    ctx = np.arange(1, 200)
+    flat = CostModel(rows=[1, 64], ms=[10.0, 12.0])
+    for costly_right in (False, True):
+        cheap = ChainDrafter("cheap", right=not costly_right)
+        costly = ChainDrafter("costly", right=costly_right, sleep_s=0.002)
+        auto = AutoDrafter([cheap, costly], flat)
+        for step in range(64):
+            n = 10 + step
+            auto.propose(ctx[:n], 8)
+            auto.update(ctx[: n + 1], 1)
+            if step == 47:
+                calls_48 = costly.calls
+        assert cheap.calls == 64 and auto.member_skipped[0] == 0
+        if costly_right:  # skipped at first at most (both priors alike), then every step
+            assert costly.calls >= 48 and costly.calls - calls_48 == 16
+            assert auto.member_edge[1] > 0
+        else:
+            assert costly.calls <= 64 // EXPLORE_EVERY + 4 and auto.member_edge[1] < 0
+            assert auto.member_skipped[1] == 64 - costly.calls
