@@ -40,3 +40,28 @@ def test_random_contexts_against_a_naive_list():
 def test_extra_bias_is_a_quantile_of_the_trained_biases():
     assert extra_bias(np.array([3.0, -1.0, 0.0, 1.0, 2.0]), 0.0) == -1.0
     assert extra_bias(np.array([3.0, -1.0, 0.0, 1.0, 2.0]), 0.5) == 1.0
+
+
+def test_incremental_updates_equal_a_fresh_vocabulary():
+    """Contexts that grow, roll back and restart: each update's ids and columns equal
+    those of a vocabulary built from that context alone."""
+    import numpy as np
+
+    from draftwise.core.drafters.context_vocab import ContextVocab
+
+    rng = np.random.default_rng(0)
+    base = np.arange(10, 20)
+    cv = ContextVocab(base, vocab_size=40)
+    ctx = rng.integers(0, 40, 5)
+    for _ in range(200):
+        move = rng.integers(0, 4)
+        if move == 0:  # a rollback (rejected drafts, a new turn's shorter prefix)
+            ctx = ctx[: rng.integers(1, ctx.size + 1)]
+        elif move == 1:  # a new text
+            ctx = rng.integers(0, 40, rng.integers(1, 8))
+        else:  # accepted tokens
+            ctx = np.concatenate([ctx, rng.integers(0, 40, rng.integers(0, 4))])
+        fresh = ContextVocab(base, vocab_size=40)
+        assert cv.update(ctx).tolist() == fresh.update(ctx).tolist()
+        ids = np.arange(40)
+        assert cv.columns(ids).tolist() == fresh.columns(ids).tolist()

@@ -50,23 +50,38 @@ class ContextVocab:
         self._col = np.full(vocab_size, -1, np.int64)  # (V,) id -> column
         self._col[self.base] = np.arange(self.base.size)
         self.extra = np.zeros(0, np.int64)  # (E,)
+        self._seen = np.zeros(0, np.int64)  # the context the extra ids were taken from
+        self._ids = self.base  # (K + E,)
 
     @property
     def ids(self) -> np.ndarray:
         """(K + E,) target id of every column."""
-        return np.concatenate([self.base, self.extra])
+        return self._ids
 
     def update(self, context: np.ndarray) -> np.ndarray:
         """Set the extra ids from ``context`` (the cached tokens and the root); returns
         ``ids``. The old extra columns go; the new ones are the context's ids outside
-        ``base``, in order of first appearance."""
+        ``base``, in order of first appearance. A context that extends the last one only
+        appends the new tokens' ids (the same columns as from scratch)."""
         ctx = np.asarray(context, np.int64)
-        self._col[self.extra] = -1
-        out = ctx[self._col[ctx] < 0]  # (n,) outside the fixed ids
-        _, first = np.unique(out, return_index=True)
-        self.extra = out[np.sort(first)]  # (E,)
-        self._col[self.extra] = self.base.size + np.arange(self.extra.size)
-        return self.ids
+        n = self._seen.size
+        if n and ctx.size >= n and np.array_equal(ctx[:n], self._seen):
+            tail = ctx[n:]
+            base = self.extra
+        else:
+            self._col[self.extra] = -1
+            tail, base = ctx, np.zeros(0, np.int64)
+        out = tail[self._col[tail] < 0]  # (n,) outside the fixed ids and the held extra
+        if out.size:
+            _, first = np.unique(out, return_index=True)
+            new = out[np.sort(first)]
+            self._col[new] = self.base.size + base.size + np.arange(new.size)
+            self.extra = np.concatenate([base, new])  # (E,)
+            self._ids = np.concatenate([self.base, self.extra])
+        elif base.size != self.extra.size:
+            self.extra, self._ids = base, self.base
+        self._seen = ctx.copy()
+        return self._ids
 
     def columns(self, ids: np.ndarray) -> np.ndarray:
         """(n,) column of each target id now; -1 where it has none."""

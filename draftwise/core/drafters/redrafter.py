@@ -67,6 +67,9 @@ class RecurrentNet(Protocol):
         """(B,) target ids, (B,) rows of the previous step (-1: the initial state) ->
         (B, K) log-probabilities over the draft vocabulary."""
 
+    # Optional: ``chain(root, t) -> ((t,) target ids, (t,) log-probs)``, the width-1 beam
+    # in one call (the compiled CPU step has it); ``ReDrafter`` takes it when bw == 1.
+
 
 class ReDrafter:
     """Beam search over a ``RecurrentNet``; see the module docstring."""
@@ -118,13 +121,19 @@ class ReDrafter:
             # beam search sees draft-vocabulary columns; the network wants target ids
             return self.net.step(ids[tokens] if parents[0] >= 0 else tokens, parents)
 
-        beams = beam_search(step, int(context[-1]), self.bw, self.t)
-        beams = Beams(
-            ids[beams.tokens],
-            beams.logp,
-            beams.score,
-            tuple((ids[tk], lp) for tk, lp in beams.pruned),
-        )
+        chain = getattr(self.net, "chain", None)
+        if self.bw == 1 and chain is not None:  # one beam: the network's own greedy loop
+            tok, lp = chain(int(context[-1]), self.t)  # (T,) target ids, (T,) log-probs
+            none = np.zeros((0, 0), np.int64), np.zeros((0, 0))
+            beams = Beams(tok[None], lp[None], lp.sum(keepdims=True), (none,) * (self.t - 1))
+        else:
+            beams = beam_search(step, int(context[-1]), self.bw, self.t)
+            beams = Beams(
+                ids[beams.tokens],
+                beams.logp,
+                beams.score,
+                tuple((ids[tk], lp) for tk, lp in beams.pruned),
+            )
         out = dedup_beams(beams, budget, pruned=self.pruned)
         self.last, self.last_beam = out, (self.bw, self.t)
         self.proposals += 1

@@ -6,7 +6,8 @@ network in three compiled calls: ``dw_rd_start`` once per proposal (the final no
 the target's last residual row, then its parts of the first ResBlock, the query and the
 gate), ``dw_rd_entries`` for the context's new entries (their keys and values), and
 ``dw_rd_step`` for each beam step (cell, attention, copy gate, ResBlocks, head, extra
-ids, the mixture). Weights are int8 with one float32 scale per output row, rounded as
+ids, the mixture); ``dw_rd_chain`` runs a whole one-beam draft (``ReDrafter`` at
+``bw=1``) in one call. Weights are int8 with one float32 scale per output row, rounded as
 the torch step rounds them; activations are float32 (the torch step rounds them to
 bfloat16), so the drafts can differ from the torch step's at near-ties; the output never
 does (the target verifies every token). ``tests/backends/cuda/redrafter`` checks both
@@ -16,8 +17,8 @@ group prefetches the next ones.
 
 Measured in a live decode (default model, 4bit mode, 6 corpus prompts x 128 tokens,
 ``redrafter:bw=1,t=3``, AMD EPYC Zen 5, 2 threads; medians): a beam step 0.13 ms
-(torch: 0.41), a proposal's start 0.22 ms (torch: 0.42), a whole proposal 0.75 ms
-(torch: 2.1), 370 tok/s (torch: 300).
+(torch: 0.41), a proposal's start 0.17 ms (torch: 0.42), a whole proposal 0.6 ms with
+``chain`` (0.75 through ``step``; torch: 2.1), 406-436 tok/s (torch: 300).
 
 Example::
 
@@ -155,6 +156,11 @@ class NativeRecurrentStep(TorchRecurrentStep):
             ctypes.c_int,
         ]
         self._entries_fn.restype = ctypes.c_int
+        self._chain_fn = lib.dw_rd_chain
+        self._chain_fn.argtypes = [
+            ctypes.POINTER(_Net), ctypes.POINTER(_Proposal), I64, I64, P, P, P, ctypes.c_int,
+        ]
+        self._chain_fn.restype = ctypes.c_int
         self._lin_fn = lib.dw_rd_linear
         self._lin_fn.argtypes = [ctypes.POINTER(_I8), P, I64, P, ctypes.c_int]
         self._lin_fn.restype = ctypes.c_int
@@ -284,6 +290,23 @@ class NativeRecurrentStep(TorchRecurrentStep):
         ):
             raise MemoryError("the compiled ReDrafter entries could not allocate their scratch")
         self._m = need
+
+    def chain(self, root: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """A one-beam draft in one call (what ``beam_search`` at width 1 computes from
+        ``step``): (t,) target ids, each the most probable after the ones before, and
+        (t,) their log-probabilities. Needs ``start`` first."""
+        assert self._h is not None
+        if not 0 <= root < self.vocab_size or t < 1:
+            raise ValueError(f"a chain needs a root in 0..{self.vocab_size - 1} and t >= 1, got {root}, {t}")
+        ids = np.ascontiguousarray(self.vocab_ids, np.int64)  # (K + E,)
+        tokens, logp = np.empty(t, np.int64), np.empty(t, np.float32)
+        if self._chain_fn(
+            ctypes.byref(self._net), ctypes.byref(self._prop), root, t, ids.ctypes.data,
+            tokens.ctypes.data, logp.ctypes.data, kernel_threads(),
+        ):
+            raise MemoryError("the compiled ReDrafter chain could not allocate its scratch")
+        self._s_np = None  # the states of a chain are not kept
+        return tokens, logp.astype(np.float64)
 
     def step(self, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
         """(B,) target ids and (B,) parent rows (-1: the initial state) -> (B, K + E)

@@ -125,3 +125,31 @@ def test_shipped_network_native_drafts_equal_the_torch_step(torch_model):  # typ
     be.prefill(seq[:-1])
     tree = ReDrafter(native, bw=2, t=3).propose(seq, 16)  # and a beam tree comes out
     assert 3 <= len(tree) <= 16
+
+
+@needs_native
+@pytest.mark.parametrize("context_dim", [0, 64])
+def test_chain_equals_a_one_beam_search_over_the_step(tiny, context_dim):  # type: ignore[no-untyped-def]
+    """``chain`` (the width-1 beam in one call, which ``ReDrafter`` takes at bw=1) drafts
+    the tokens and log-probabilities ``beam_search`` finds over ``step``."""
+    from draftwise.core.beam import beam_search
+
+    net = _net(tiny, context_dim, noise=0.2)
+    step = _native_or_skip(net, tiny, extend=True)
+    for seed in range(4):
+        ctx = np.random.default_rng(seed).integers(0, V, 12)
+        tiny.reset()
+        tiny.prefill(ctx[:-1])
+        assert step.start(ctx.size - 1, ctx)
+        tok, lp = step.chain(int(ctx[-1]), 4)
+        ids = step.vocab_ids
+
+        def by_step(t, p):  # type: ignore[no-untyped-def]
+            return step.step(ids[t] if p[0] >= 0 else t, p)
+
+        want = beam_search(by_step, int(ctx[-1]), 1, 4)
+        assert tok.tolist() == ids[want.tokens[0]].tolist()
+        np.testing.assert_allclose(lp, want.logp[0], rtol=1e-5, atol=1e-5)
+        assert ReDrafter(step, bw=1, t=4).propose(ctx, 16).tokens.tolist() == tok.tolist()
+    with pytest.raises(ValueError, match="root in"):
+        step.chain(V, 2)
