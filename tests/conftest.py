@@ -36,6 +36,38 @@ FULL_ONLY = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests get a cache directory of their own (``DRAFTWISE_CACHE_DIR``, inherited
+    by the CLI and server subprocesses), so the cost profiles, tables and drafter state
+    they measure and write never land in the user's cache (a curve timed while the suite
+    loads the machine would steer the user's ``auto``). Its ``models`` and ``kernels``
+    are links to the user's: the default model is converted and the kernels compiled
+    once, not per run."""
+    import os
+    import tempfile
+
+    from draftwise.core.paths import cache_dir
+
+    real = cache_dir()
+    own = Path(tempfile.mkdtemp(prefix="draftwise-test-cache-"))
+    for shared in ("models", "kernels"):
+        (real / shared).mkdir(parents=True, exist_ok=True)
+        (own / shared).symlink_to(real / shared, target_is_directory=True)
+    os.environ["DRAFTWISE_CACHE_DIR"] = str(own)
+    config.add_cleanup(lambda: _remove_cache(own))
+
+
+def _remove_cache(path: Path) -> None:
+    """Remove the tests' cache directory; the links go, not what they point to."""
+    import shutil
+
+    for shared in ("models", "kernels"):
+        link = path / shared
+        if link.is_symlink():
+            link.unlink()
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid.startswith(FULL_ONLY):
