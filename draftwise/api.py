@@ -29,7 +29,7 @@ import numpy as np
 
 from draftwise.backends.select import BACKENDS, make_backend, resolve_backend_name
 from draftwise.core.backend import Backend
-from draftwise.core.decode import Decoder, check_request
+from draftwise.core.decode import Decoder, check_prompt, check_request
 from draftwise.core.drafters import Drafter
 from draftwise.core.drafters.base import close_drafter
 from draftwise.core.sampling import SamplingParams
@@ -345,6 +345,8 @@ def _generate(
     # sizes first, before the prompt is encoded or a drafter built (both can take seconds)
     check_request(max_tokens, budget)
     ids = model.encode_prompt(prompt, chat_template)
+    # and its length, before a drafter is built (``auto`` may measure the device first)
+    check_prompt(len(ids), model.backend.context_limit)
     d = model.drafter(drafter)
     detok = StreamingDetokenizer(model.tokenizer)
     stop_ids = frozenset(model.tokenizer.eos_token_ids) | frozenset(stop)

@@ -56,6 +56,23 @@ MAX_BUDGET = 4096
 MAX_TOKENS = 1 << 24
 
 
+def check_prompt(n_prompt: int, limit: int) -> None:
+    """Refuse a prompt that leaves no room to generate in a context of ``limit`` tokens
+    (one line naming both).
+
+    Example::
+
+        >>> check_prompt(9031, 8192)
+        Traceback (most recent call last):
+        ...
+        draftwise.errors.DraftwiseError: the prompt has 9031 tokens; the model's context limit is 8192
+    """
+    if n_prompt >= limit:
+        raise DraftwiseError(
+            f"the prompt has {n_prompt} tokens; the model's context limit is {limit}"
+        )
+
+
 def check_request(max_tokens: int, budget: int) -> None:
     """Refuse (one line naming the value) sizes no generation could use, before anything
     is allocated. A ``max_tokens`` beyond the context *left* after a prompt is fine:
@@ -153,10 +170,7 @@ class Decoder:
         if prompt.size == 0:
             raise DraftwiseError("the prompt is empty: give at least one token of input")
         check_request(max_tokens, budget)
-        if prompt.size >= limit:
-            raise DraftwiseError(
-                f"the prompt has {prompt.size} tokens; the model's context limit is {limit}"
-            )
+        check_prompt(prompt.size, limit)
         # The context edge, one rule for every drafter: prompt and output together hold at
         # most ``limit`` tokens (the last one is never fed), so a step may emit at most
         # ``limit - n`` more and a tree is capped below that (``cap`` below); plain and
