@@ -161,9 +161,6 @@ class NativeRecurrentStep(TorchRecurrentStep):
             ctypes.POINTER(_Net), ctypes.POINTER(_Proposal), I64, I64, P, P, P, ctypes.c_int,
         ]
         self._chain_fn.restype = ctypes.c_int
-        self._lin_fn = lib.dw_rd_linear
-        self._lin_fn.argtypes = [ctypes.POINTER(_I8), P, I64, P, ctypes.c_int]
-        self._lin_fn.restype = ctypes.c_int
         self._kv_np: tuple[np.ndarray, np.ndarray] | None = None  # (cap, D) keys, values
         self._net = st
         self._prop = _Proposal()
@@ -178,23 +175,6 @@ class NativeRecurrentStep(TorchRecurrentStep):
             w=codes.data_ptr(), scale=scale.data_ptr(),
             bias=b.data_ptr() if b.numel() else None, n=n, k=k,
         )
-
-    def _linear(self, name: str, x: np.ndarray) -> np.ndarray:
-        """(b, k) float32 through the per-proposal layer ``name`` -> (b, n) float32."""
-        layer = self._lin[name]
-        x = np.ascontiguousarray(x, np.float32)
-        if x.ndim != 2 or x.shape[1] != layer.k:
-            raise ValueError(f"{name} takes (b, {layer.k}) inputs, got {x.shape}")
-        y = np.empty((x.shape[0], layer.n), np.float32)
-        if x.shape[0]:
-            self._lin_fn(ctypes.byref(layer), x.ctypes.data, x.shape[0], y.ctypes.data,
-                         kernel_threads())
-        return y
-
-    def _embed_rows(self, ids: np.ndarray) -> np.ndarray:
-        """(n,) ids -> (n, C) float32 rows of the target's bfloat16 embedding."""
-        bits = self._embed_bits[ids].astype(np.uint32) << np.uint32(16)  # (n, C)
-        return bits.view(np.float32)
 
     def start(self, cache_len: int, context: np.ndarray) -> bool:
         """As ``TorchRecurrentStep.start`` (the same quantities, in float32 through the

@@ -166,13 +166,6 @@ static float dot_f(const float *a, const float *b, int64_t n) {
     return t;
 }
 
-/* y (b, n) = x (b, k) times L's weights, plus its bias: the per-proposal layers (the
- * hidden state's parts, the context entries' keys and values). */
-int dw_rd_linear(const DwI8 *L, const float *x, int64_t b, float *y, int threads) {
-    i8_mv(L, x, L->k, b, y, L->n, threads);
-    return 0;
-}
-
 /* A proposal's start: h = RMSNorm(x) * norm (the target's last hidden state from its
  * residual row x (C)), then its parts: hr (2C) = R_h h + b, hq (D) = Q_h h + b and
  * hg = g_h . h + g_b (with a context: q_h and g_h not NULL). */
@@ -422,11 +415,6 @@ int dw_rd_entries(const void *wk, const void *wv, const float *x, int64_t off, i
                   int64_t c, float *keys, float *vals, int threads) {
     (void)wk; (void)wv; (void)x; (void)off; (void)cnt; (void)norm; (void)eps; (void)embed;
     (void)tok; (void)c; (void)keys; (void)vals; (void)threads;
-    return 2;
-}
-
-int dw_rd_linear(const void *L, const float *x, int64_t b, float *y, int threads) {
-    (void)L; (void)x; (void)b; (void)y; (void)threads;
     return 2;
 }
 
