@@ -186,50 +186,116 @@ class Check:
                                        reps=self.args.reps)
             be.graphs = graphs
             eager_ms = [round(float(x), 3) for x in eager.ms[0]]
-            fused = self.fused_norm_ms(be) if shape == self.args.shapes[-1] else None
+            torch_ms, torch_buckets = None, None
+            if graphs.kernels == "triton":  # the same step on torch's kernels (cuBLAS), as before
+                from draftwise.backends.cuda.gpu.graphs import StepGraphs
+
+                fast = be.model.rowinv
+                be.graphs = StepGraphs(be.model, kernels="torch")
+                tcost = measure_cost_curve(be, rows=self.args.rows, contexts=(self.args.context,),
+                                           reps=self.args.reps)
+                torch_ms = [round(float(x), 3) for x in tcost.ms[0]]
+                torch_buckets = list(be.graphs.buckets)
+                be.graphs, be.model.rowinv = graphs, fast
             one = ms[0]
             out[shape] = {"rows": list(self.args.rows), "graph_ms": ms, "eager_ms": eager_ms,
                           "weight_GB": round(weight_bytes / 1e9, 2), "floor_ms": round(floor, 3),
                           "buckets": list(graphs.buckets), "rows_agree": graphs.agree,
+                          "kernels": graphs.kernels, "torch_graph_ms": torch_ms,
+                          "torch_buckets": torch_buckets,
                           "one_row_over_floor": round(one / floor, 2),
-                          "over_one_row": [round(m / one, 2) for m in ms],
-                          "fused_norm_graph_ms": fused}
+                          "over_one_row": [round(m / one, 2) for m in ms]}
             self.rows.append((f"graphs {shape}", " / ".join(f"{m:.2f}" for m in ms)
                               + f" ms at {','.join(map(str, self.args.rows))} rows; floor {floor:.2f} ms"
-                              + f" (1 row {one / floor:.2f}x floor; buckets {list(graphs.buckets)})"))
+                              + f" (1 row {one / floor:.2f}x floor; {graphs.kernels} kernels, buckets "
+                              + f"{list(graphs.buckets)})"))
+            if torch_ms:
+                self.rows.append((f"graphs {shape}, torch kernels", " / ".join(f"{m:.2f}" for m in torch_ms)
+                                  + f" ms (buckets {torch_buckets})"))
             self.rows.append((f"eager {shape}", " / ".join(f"{m:.2f}" for m in eager_ms) + " ms"))
-            if fused:
-                self.rows.append((f"graphs {shape}, F.rms_norm", " / ".join(f"{m:.2f}" for m in fused)
-                                  + " ms at 1, 16, 64 rows"))
             del be
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         return out
 
-    def fused_norm_ms(self, be: Any) -> list[float] | None:
-        """The graph curve at 1, 16 and 64 rows with torch's own RMSNorm (one kernel on
-        CUDA) in place of the reference one (several): what fewer kernels a layer gain."""
-        from draftwise.backends.cuda import llama
-        from draftwise.backends.cuda.gpu.graphs import StepGraphs
-        from draftwise.core.costprofile import measure_cost_curve
+    def gemms(self) -> dict[str, Any]:
+        """The largest shape's linear layers alone: the row-invariant Triton GEMM
+        (``gpu/rowinv.py``, its configured tiles, fused epilogues) against torch's
+        ``F.linear`` (cuBLAS) at 1, 16 and 64 rows, GB/s of weights read; then a sweep
+        of tile configs at one row. Weights rotate among copies several times the L2,
+        so every call reads them from device memory."""
+        import torch
+        import torch.nn.functional as F
+        from types import SimpleNamespace as NS
 
-        if self.device.type != "cuda" or not hasattr(llama.F, "rms_norm"):
-            return None
-        ref = llama.rms_norm
+        from draftwise.backends.cuda.gpu.rowinv import MMConfig, RowInvariant, config
 
-        def fused(x: Any, w: Any, eps: float) -> Any:
-            return llama.F.rms_norm(x, (x.shape[-1],), w, eps)
+        if self.device.type != "cuda":
+            return {"skipped": "times CUDA kernels"}
+        c = config_of(self.args.shapes[-1])
+        hid, ff, heads, kvh = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"]
+        d = c.get("head_dim", hid // heads)
+        ri = RowInvariant(NS(cfg=NS(act="silu"), device=self.device))
+        layers = {"qkv": ((heads + 2 * kvh) * d, hid, False), "o": (hid, heads * d, False),
+                  "gate_up+silu": (2 * ff, hid, True), "down": (hid, ff, False),
+                  "head": (c["vocab_size"], hid, False)}
+        l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
+        sweep = [MMConfig(*t) for t in ((16, 256, 4, 4), (16, 512, 4, 4), (16, 256, 4, 6), (16, 128, 4, 8),
+                                         (32, 128, 4, 4), (32, 256, 4, 4), (32, 256, 8, 4), (64, 128, 4, 4),
+                                         (64, 256, 8, 3), (64, 128, 8, 5))]
 
-        llama.rms_norm = fused
-        saved = be.graphs
-        try:
-            be.graphs = StepGraphs(be.model, buckets=saved.buckets)  # fresh captures
-            cost = measure_cost_curve(be, rows=(1, 16, 64), contexts=(self.args.context,),
-                                      reps=self.args.reps)
-            return [round(float(x), 3) for x in cost.ms[0]]
-        finally:
-            llama.rms_norm = ref
-            be.graphs = saved
+        def timed(fn: Callable[[Any], Any], ws: list[Any]) -> float:
+            for w in ws[:2]:
+                fn(w)
+            times = []
+            for _ in range(5):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                for _ in range(4):
+                    for w in ws:
+                        fn(w)
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) / (4 * len(ws)))
+            return sorted(times)[2]
+
+        out: dict[str, Any] = {"shape": self.args.shapes[-1], "l2_MB": round(l2 / 2**20)}
+        for name, (n, k, glu) in layers.items():
+            nbytes = n * k * 2
+            copies = max(2, min(12, -(-4 * l2 // nbytes)))
+            torch.manual_seed(0)
+            ws = [torch.randn(n, k, device=self.device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            row: dict[str, Any] = {"N": n, "K": k, "MB": round(nbytes / 2**20, 1),
+                                   "config": vars(config(n // 2 if glu else n, k, ri.sms))}
+            for m in (1, 16, 64):
+                x = torch.randn(m, k, device=self.device, dtype=torch.bfloat16)
+                t_torch = timed(lambda w, x=x: F.linear(x, w), ws)
+                t_tri = timed(lambda w, x=x: ri.mm(x, w, glu=glu), ws)
+                row[f"m{m}"] = {"torch_ms": round(t_torch, 4), "triton_ms": round(t_tri, 4),
+                                "torch_GBps": round(nbytes / t_torch / 1e6), "triton_GBps": round(nbytes / t_tri / 1e6)}
+            x = torch.randn(1, k, device=self.device, dtype=torch.bfloat16)
+            best = None
+            for cfg in sweep:
+                try:
+                    t = timed(lambda w, x=x, cfg=cfg: ri.mm(x, w, glu=glu, cfg=cfg), ws)
+                except Exception as exc:  # a config this Triton cannot compile
+                    row.setdefault("sweep_errors", []).append(f"{vars(cfg)}: {type(exc).__name__}")
+                    continue
+                row.setdefault("sweep_m1", []).append([cfg.bn, cfg.bk, cfg.warps, cfg.stages, round(t, 4)])
+                if best is None or t < best[1]:
+                    best = (cfg, t)
+            if best is not None:
+                row["best_m1"] = {**vars(best[0]), "ms": round(best[1], 4), "GBps": round(nbytes / best[1] / 1e6)}
+            out[name] = row
+            m1 = row["m1"]
+            self.rows.append((f"gemm {name} ({n}x{k})", f"1 row: triton {m1['triton_GBps']} GB/s, torch "
+                              f"{m1['torch_GBps']}; 64 rows: triton {row['m64']['triton_GBps']}, torch "
+                              f"{row['m64']['torch_GBps']}; best tiles at 1 row "
+                              + (f"{best[0].bn}x{best[0].bk} w{best[0].warps} s{best[0].stages} "
+                                 f"{round(nbytes / best[1] / 1e6)} GB/s" if best else "-")))
+            del ws
+            torch.cuda.empty_cache()
+        return out
 
     def profile(self) -> dict[str, Any]:
         """Where a fixed-shape step of the largest shape spends its device time: the
@@ -243,11 +309,12 @@ class Check:
 
         shape, ctx = self.args.shapes[-1], self.args.context
         be, _ = self.build(shape, ctx + 128)
-        be.graphs = StepGraphs(be.model, buckets=(64,), capture=False)
-        be.max_tree_nodes = 63
+        rows = int(os.environ.get("DW_PROFILE_ROWS", "1"))
+        be.graphs = StepGraphs(be.model, buckets=(rows,), capture=False)  # the step's kernels
+        be.max_tree_nodes = rows - 1
         tokens = torch.randint(10, be.vocab_size - 1, (ctx + 64,)).numpy()
         be.prefill(tokens[:ctx])
-        tree = DraftTree.chain(tokens[ctx + 1 : ctx + 16].tolist())
+        tree = DraftTree.chain(tokens[ctx + 1 : ctx + rows].tolist())
 
         def step() -> None:
             be.verify(int(tokens[ctx]), tree, need_logits=False)
@@ -259,7 +326,7 @@ class Check:
         with profile(activities=acts) as prof:
             for _ in range(5):
                 step()
-        rows = []
+        rows_n, rows = rows, []
         for ev in prof.key_averages():
             dev_us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
             # kernels and copies only: an aten:: op's device time is its kernels' again
@@ -267,9 +334,11 @@ class Check:
                 rows.append((ev.key[:90], round(dev_us / 5 / 1e3, 3), ev.count // 5))
         rows.sort(key=lambda r: -r[1])
         total = round(sum(r[1] for r in rows), 3)
-        self.rows.append((f"profile {shape} (64-row step)", f"{total} ms of kernels a step; top: " + "; ".join(
-            f"{n[:40]} {ms} ms x{c}" for n, ms, c in rows[:4])))
-        return {"shape": shape, "kernel_ms_per_step": total, "kernels": rows[:12],
+        self.rows.append((f"profile {shape} ({be.graphs.kernels}, {rows_n}-row step)",
+                          f"{total} ms of kernels a step, {sum(r[2] for r in rows)} launches; top: " + "; ".join(
+                              f"{n[:40]} {ms} ms x{c}" for n, ms, c in rows[:5])))
+        return {"shape": shape, "rows": rows_n, "kernels_used": be.graphs.kernels,
+                "kernel_ms_per_step": total, "kernels": rows[:16],
                 "launches_per_step": sum(r[2] for r in rows)}
 
     def buckets(self) -> dict[str, Any]:
@@ -609,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(filter(None, args.skip.split(",")))
     only = set(filter(None, args.only.split(",")))
     extra = {"profile": check.profile, "compiled": check.compiled,  # asked for by --only
-             "buckets": check.buckets}
+             "buckets": check.buckets, "gemms": check.gemms}
     # the slowest and least certain (transformers' static cache compiles) go last
     for name, fn in (("machine", check.machine), ("curves", check.curves), ("probe", check.probe),
                      ("identity", check.identity), ("identity-large", check.identity_large),

@@ -628,6 +628,9 @@ class Llama:
             self.embed_scale = (None if cfg.embed_scale is None
                                 else torch.tensor(cfg.embed_scale, dtype=dtype, device=device))
             self.max_cache_len = max_cache_len
+            # the fixed step on row-invariant Triton kernels (gpu/rowinv.py), set by
+            # StepGraphs where it applies
+            self.rowinv: Any = None
             self.last_x: torch.Tensor | None = None  # (T, C) of the last forward
             self.cache = torch.zeros(
                 (cfg.n_layers, 2, cfg.n_kv_heads, max_cache_len, cfg.head_dim),
@@ -819,6 +822,8 @@ class Llama:
             bias = torch.full((2, S), -inf); bias[:, :3] = 0; bias[0, 3] = 0; bias[1, 3:5] = 0
             logits = model.forward_fixed(ids, torch.tensor([3, 4]), torch.tensor([3, 4]), bias)
         """
+        if self.rowinv is not None:
+            return self.rowinv.forward_fixed(tokens, positions, slots, bias, local)
         cfg = self.cfg
         t = tokens.shape[0]
         h, hkv, d, rep = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, self.n_rep

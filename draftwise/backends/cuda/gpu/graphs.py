@@ -52,9 +52,15 @@ class StepGraphs:
     """Fixed-shape steps of one ``Llama`` (``forward_fixed``), captured per bucket on CUDA
     (``capture``; eager elsewhere: the same shapes and arithmetic, for CPU tests)."""
 
-    def __init__(self, model, buckets: tuple[int, ...] = BUCKETS, capture: bool | None = None) -> None:
+    def __init__(self, model, buckets: tuple[int, ...] = BUCKETS, capture: bool | None = None,
+                 kernels: str = "auto") -> None:
+        """``kernels``: "auto" (the row-invariant Triton kernels of ``rowinv.py`` on CUDA
+        where they apply, captured or not, else torch's), "triton" (required; on CPU under Triton's
+        interpreter, ``TRITON_INTERPRET=1``: the tests) or "torch"."""
         if not buckets or any(not isinstance(b, int) or b < 1 for b in buckets):
             raise DraftwiseError(f"graph buckets must be positive row counts, got {buckets!r}")
+        if kernels not in ("auto", "triton", "torch"):
+            raise DraftwiseError(f"graph kernels must be auto, triton or torch, got {kernels!r}")
         self.model = model
         self.buckets = tuple(sorted(set(buckets)))
         self.device = model.device
@@ -66,6 +72,21 @@ class StepGraphs:
         self._bufs: dict[int, _Bucket] = {}
         self.agree: bool | None = None  # rows_agree's answer, once asked
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
+        from draftwise.backends.cuda.gpu.rowinv import RowInvariant
+
+        if kernels == "torch":
+            model.rowinv = None
+        elif kernels == "auto":
+            model.rowinv = RowInvariant.build(model) if self.device.type == "cuda" else None
+        else:
+            why = RowInvariant.supported(model)
+            if why is not None:
+                raise DraftwiseError(f"the row-invariant kernels cannot run this model: {why}")
+            model.rowinv = RowInvariant.build(model)
+            if model.rowinv is None:
+                raise DraftwiseError("the row-invariant kernels need Triton (pip install triton), "
+                                     "DRAFTWISE_TRITON unset, and CUDA or TRITON_INTERPRET=1")
+        self.kernels = "triton" if model.rowinv is not None else "torch"
 
     @property
     def max_rows(self) -> int:

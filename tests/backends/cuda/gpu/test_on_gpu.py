@@ -78,3 +78,18 @@ def test_graph_steps_are_row_invariant_on_the_gpu(tmp_path):
             got = be.verify(int(ids[ctx]), tree, need_logits=True).logits[0]
             be.trim(ctx)
             assert np.array_equal(got, alone), (ctx, n, be.graphs.buckets)
+
+
+def test_the_triton_step_keeps_every_bucket_on_the_gpu(tmp_path):
+    """With Triton there (the device machine has it), CUDA steps run the row-invariant
+    kernels and no bucket is dropped: a plain step runs one row, bit-equal to its row in
+    a 64-row step (the row-invariance test above proves it on trees)."""
+    pytest.importorskip("triton")
+    from draftwise.backends.cuda.gpu.graphs import BUCKETS
+
+    model_dir, _ = _save_tiny(tmp_path / "m", "llama3")
+    be = TorchBackend.from_pretrained(model_dir, dtype="bfloat16", device="cuda", max_cache_len=256)
+    assert be.graphs is not None and be.graphs.kernels == "triton"
+    be.prefill(np.arange(1, 21))
+    be.verify(21, DraftTree.empty(), need_logits=False)
+    assert be.graphs.agree and be.graphs.buckets == BUCKETS

@@ -1,0 +1,229 @@
+"""The fixed-shape CUDA step on row-invariant Triton kernels (``rowinv_kernels.py``).
+
+``StepGraphs`` runs every verify step in a row bucket (1, 4, 16 or 64 rows) and keeps
+only the buckets whose rows compute bit-equal to the largest bucket's. With cuBLAS the
+Llama-3.1-8B shape kept only 64 (a split-K GEMM at other row counts), so a plain step
+paid for 64 rows. Here every linear layer is ``_mm``, whose reduction order is fixed by
+(N, K) alone, so every bucket computes a row the same way and a plain step runs 1 row.
+A layer also launches fewer kernels (8 instead of about 19): the RMSNorm, the q/k/v
+projection (bias fused), RoPE with the K/V write, attention (SDPA, as before), the
+output projection reading attention's layout with the residual add fused, the RMSNorm,
+the gate/up projection with ``act(gate) * up`` fused, and the down projection with the
+residual add.
+
+Used on CUDA when Triton imports and ``DRAFTWISE_TRITON`` is not ``0``
+(``RowInvariant.build``); the torch step stays the reference and the fallback. On CPU
+the kernels run under Triton's interpreter for the tests (``TRITON_INTERPRET=1``).
+
+Example::
+
+    fast = RowInvariant.build(model)            # None where it does not apply
+    logits = fast.forward_fixed(ids, pos, slots, bias)   # as Llama.forward_fixed
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from draftwise.errors import DraftwiseError
+
+BM = 16  # rows per tile: fixed, so a row's arithmetic never depends on the row count
+ACTS = {"silu": 1, "gelu_pytorch_tanh": 2}
+
+
+@dataclass(frozen=True)
+class MMConfig:
+    """One GEMM's tiles: ``bn`` outputs and ``bk`` of the reduction a step, launched
+    with ``warps`` warps and ``stages`` pipeline stages. Only ``bk`` changes a row's
+    rounding; all four depend on (N, K) only, never on the row count."""
+
+    bn: int
+    bk: int
+    warps: int = 4
+    stages: int = 4
+
+
+def config(n: int, k: int, sms: int = 132) -> MMConfig:
+    """Tiles for an (N, K) weight: enough programs to keep every SM streaming weights
+    at one row (at least two per SM where N allows), long K steps for narrow tiles.
+    ``DRAFTWISE_MM_CONFIG=bn,bk,warps,stages`` overrides (for sweeps).
+
+    >>> config(4096, 14336)
+    MMConfig(bn=16, bk=256, warps=4, stages=4)
+    """
+    env = os.environ.get("DRAFTWISE_MM_CONFIG")
+    if env:
+        try:
+            bn, bk, warps, stages = (int(v) for v in env.split(","))
+        except ValueError:
+            raise DraftwiseError(f"DRAFTWISE_MM_CONFIG must be 'bn,bk,warps,stages', got {env!r}") from None
+        return MMConfig(bn, bk, warps, stages)
+    for bn in (64, 32):
+        if n // bn >= 2 * sms:
+            return MMConfig(bn, 128 if bn == 64 else 256)
+    return MMConfig(16, 256)
+
+
+class RowInvariant:
+    """Launchers of the row-invariant kernels for one ``Llama`` and its fixed step."""
+
+    def __init__(self, model: Any, interpret: bool = False) -> None:
+        from draftwise.backends.cuda.gpu import rowinv_kernels as kern
+
+        self.model, self.k, self.interpret = model, kern, interpret
+        cfg = model.cfg
+        self.act = ACTS[cfg.act]
+        dev = model.device
+        self.sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+        self._cfg: dict[tuple[int, int], MMConfig] = {}
+
+    @classmethod
+    def supported(cls, model: Any) -> str | None:
+        """Why the kernels cannot run ``model`` (None: they can)."""
+        if model.int4 or model.native_f32:
+            return "packed CPU weights"
+        if model.device.type == "cuda" and model.dtype not in (torch.bfloat16, torch.float16):
+            return f"dtype {model.dtype} (the kernels run bfloat16 or float16 on a GPU)"
+        if model.cfg.act not in ACTS:
+            return f"activation {model.cfg.act!r}"
+        lins = [w for layer in model.layers for w in (layer.wqkv, layer.wo, layer.w13, layer.w2)]
+        if not all(isinstance(w, torch.Tensor) for w in lins + [model.lm_head]):
+            return "packed weights"
+        return None
+
+    @classmethod
+    def build(cls, model: Any) -> RowInvariant | None:
+        """The kernels for ``model`` on CUDA (on CPU only under Triton's interpreter,
+        ``TRITON_INTERPRET=1`` set before anything imports Triton: the tests), None where
+        they do not apply: no Triton, ``DRAFTWISE_TRITON=0``, or a model they do not
+        cover (``supported``)."""
+        if os.environ.get("DRAFTWISE_TRITON", "1") == "0":
+            return None
+        interpret = os.environ.get("TRITON_INTERPRET") == "1"
+        if model.device.type != "cuda" and not interpret:
+            return None
+        if cls.supported(model) is not None:
+            return None
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return None
+        return cls(model, interpret)
+
+    # ----- launchers ------------------------------------------------------------------
+    def mm(self, x: torch.Tensor, w: torch.Tensor, *, bias: torch.Tensor | None = None,
+           glu: bool = False, res: torch.Tensor | None = None, heads: tuple[int, int] | None = None,
+           rows: int | None = None, cfg: MMConfig | None = None) -> torch.Tensor:
+        """``x`` (M, K) @ ``w`` (N, K).T -> (M, N) (``glu``: w is (2F, K), gate rows then
+        up rows, and out (M, F) = act(gate) * up), plus ``bias`` (N,), plus ``res``
+        (M, N). ``heads=(head_dim, rep)``: ``x`` is attention's output (1, G, rep*M, D)
+        and ``rows`` is M. ``cfg``: other tiles than ``config``'s (sweeps only: a row's
+        rounding then differs from the step's)."""
+        n_all, k = w.shape
+        n = n_all // 2 if glu else n_all
+        if heads is None:
+            m = x.shape[0]
+            if x.stride(-1) != 1:
+                x = x.contiguous()
+            sxm, sxg, sxr, hd, rep = x.stride(0), 0, 0, 1, 1
+        else:
+            hd, rep = heads
+            assert rows is not None
+            m = rows
+            if x.stride(-1) != 1:
+                x = x.contiguous()
+            sxm, sxg, sxr = 0, x.stride(1), x.stride(2)
+        if w.stride(-1) != 1:
+            raise DraftwiseError("row-invariant GEMM needs a row-major weight")
+        out = torch.empty((m, n), dtype=w.dtype, device=w.device)
+        if res is not None and res.stride(-1) != 1:
+            res = res.contiguous()
+        c = cfg or self._cfg.get((n, k))
+        if c is None:
+            c = self._cfg[(n, k)] = config(n, k, self.sms)
+        grid = (triton_cdiv(m, BM) * triton_cdiv(n, c.bn),)
+        self.k._mm[grid](
+            x, w, out, res if res is not None else out, bias if bias is not None else out,
+            m, n, k, sxm, sxg, sxr, w.stride(0), out.stride(0), res.stride(0) if res is not None else 0,
+            n,
+            A_HEADS=heads is not None, HD=hd, REP=rep,
+            HAS_BIAS=bias is not None, ACT=self.act if glu else 0, HAS_RES=res is not None,
+            EVEN_K=k % c.bk == 0, UPCAST=self.interpret,
+            BM=BM, BN=c.bn, BK=c.bk, num_warps=c.warps, num_stages=c.stages,
+        )
+        return out
+
+    def rope_kv(self, qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """RoPE of ``qk`` (B, H + H_kv, D) at ``positions`` (B,), k and ``v`` (B, H_kv, D)
+        into ``kv`` (2, H_kv, S, D) at ``slots`` (B,); returns q (1, H_kv, rep B, D)."""
+        cfg = self.model.cfg
+        b = qk.shape[0]
+        h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        rep = h // hkv
+        q = torch.empty((1, hkv, rep * b, d), dtype=qk.dtype, device=qk.device)
+        assert qk.stride(-1) == 1 and qk.stride(-2) == d and v.stride(-1) == 1 and v.stride(-2) == d
+        assert kv.stride(-1) == 1 and cos.stride(-1) == 1 and slots.stride(0) == 1
+        self.k._rope_kv[(b, h + 2 * hkv)](
+            qk, v, cos, sin, positions, slots, q, kv,
+            b, positions.stride(0), qk.stride(0), v.stride(0), cos.stride(0), q.stride(1), q.stride(2),
+            kv.stride(0), kv.stride(1), kv.stride(2),
+            H=h, HKV=hkv, D=d, R=cfg.rot_dim, REP=rep, BD=triton_next_pow2(d),
+        )
+        return q
+
+    # ----- the step -------------------------------------------------------------------
+    def forward_fixed(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      bias: torch.Tensor, local: torch.Tensor | None = None) -> torch.Tensor:
+        """``Llama.forward_fixed`` on these kernels: same arguments, logits (B, V)."""
+        from draftwise.backends.cuda.llama import rms_norm
+
+        model = self.model
+        cfg = model.cfg
+        t = tokens.shape[0]
+        h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        rep, eps = model.n_rep, cfg.norm_eps
+        bias = bias.to(model.dtype).repeat(rep, 1)  # (rep B, S)
+        if local is not None:
+            local = local.to(model.dtype).repeat(rep, 1)  # (rep B, S)
+        x = model.embed_rows(tokens)  # (B, C)
+        for li, layer in enumerate(model.layers):
+            hn = rms_norm(x, layer.attn_norm, eps)  # (B, C)
+            qkv = self.mm(hn, layer.wqkv, bias=layer.bqkv)  # (B, (H + 2 H_kv) D)
+            qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # (B, H + H_kv, D)
+            if layer.q_norm is not None:
+                qk = model.qk_norm(layer, qk).contiguous()
+            v = qkv[:, (h + hkv) * d :].view(t, hkv, d)  # (B, H_kv, D)
+            cos, _ = model.ropes[layer.rope]
+            kv = model.cache[li]  # (2, H_kv, S, D)
+            q = self.rope_kv(qk, v, cos, model.sins_signed[layer.rope], positions, slots, kv)
+            mask = local if layer.window and local is not None else bias
+            o = model.attention(q, kv[0].unsqueeze(0), kv[1].unsqueeze(0), mask)  # (1, H_kv, rep B, D)
+            if layer.post_attn_norm is None:
+                x = self.mm(o, layer.wo, res=x, heads=(d, rep), rows=t)  # (B, C)
+            else:  # gemma: the norm comes between the projection and the residual
+                a = self.mm(o, layer.wo, heads=(d, rep), rows=t)
+                x = x + rms_norm(a, layer.post_attn_norm, eps)
+            hn = rms_norm(x, layer.mlp_norm, eps)  # (B, C)
+            g = self.mm(hn, layer.w13, glu=True)  # (B, F)
+            if layer.post_mlp_norm is None:
+                x = self.mm(g, layer.w2, res=x)  # (B, C)
+            else:
+                x = x + rms_norm(self.mm(g, layer.w2), layer.post_mlp_norm, eps)
+        model.last_x = x  # (B, C)
+        out = self.mm(rms_norm(x, model.norm, eps), model.lm_head)  # (B, V)
+        if cfg.final_softcap is not None:
+            out = torch.tanh(out / cfg.final_softcap) * cfg.final_softcap
+        return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()

@@ -1,0 +1,145 @@
+"""Triton kernels whose result for a row never depends on how many rows the call carries.
+
+cuBLAS picks a GEMM kernel by shape: for the Llama-3.1-8B shape on an H200 it takes a
+split-K kernel at some row counts, and a row's logits then round differently in a
+1-row step than inside a 16-row tree (measured: ``device_check.py --only buckets``), so
+every step had to run the 64-row bucket (7.1 ms against a 3.65 ms bandwidth floor).
+These kernels fix the reduction order by construction, as batch-invariant kernels do:
+
+- ``_mm``: ``x (M, K) @ w (N, K).T`` in tiles of ``BM`` = 16 rows. Each program owns
+  one row tile and ``BN`` outputs and walks K in ``BK`` steps, always in the same order,
+  with the same tile shapes whatever M is: a row's sum is the same sequence of float32
+  additions in a 1-row call as in a 64-row one (the padding rows are zeros, and rows
+  never mix in a matrix product). No split-K. The config is chosen by (N, K) only
+  (``config``). Epilogues fused (one launch instead of two to four): a bias, the
+  gated MLP's ``act(gate) * up`` (``w`` holds the gate rows, then the up rows), and the
+  residual add. The input may be attention's output in its grouped-heads layout
+  (``A_HEADS``), so no copy precedes the output projection.
+- ``_rope_kv``: RoPE of q and k (rotate-half, full or partial), q written in the
+  grouped layout attention reads, k and v written into the cache at their slots: one
+  launch where the torch step takes five to seven.
+
+Rounding follows the torch step's bf16 order where it is cheap to (the gate and up
+rounded before the activation, the projection before the residual add), so results are
+close to eager; equality is only ever required between buckets, which all run these.
+
+``UPCAST`` converts the operands to float32 before ``tl.dot``: Triton's CPU interpreter
+(``TRITON_INTERPRET=1``, the CI tests) computes bf16 dots wrongly; on a GPU it is off.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _mm(
+    x_ptr, w_ptr, out_ptr, res_ptr, bias_ptr,
+    M, N, K: tl.constexpr,
+    sxm, sxg, sxr,  # x strides: rows (plain) or kv-group and grouped-row (A_HEADS)
+    swn, som, srm,
+    up_off,  # GLU: the first up row of w (= N)
+    A_HEADS: tl.constexpr, HD: tl.constexpr, REP: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
+    EVEN_K: tl.constexpr, UPCAST: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    """out (M, N) = epilogue(x (M, K) @ w[:N] (N, K).T); see the module docstring.
+    ACT: 0 none, 1 silu, 2 gelu (tanh); with ACT the up half is w[up_off : up_off + N]."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    pid_m = pid % num_m  # the row tiles of one weight tile run side by side (L2 reuse)
+    pid_n = pid // num_m
+    rm = pid_m * BM + tl.arange(0, BM)  # (BM,)
+    rn = pid_n * BN + tl.arange(0, BN)  # (BN,)
+    rk = tl.arange(0, BK)  # (BK,)
+    m_ok = rm < M
+    n_ok = rn < N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+    w_rows = w_ptr + rn[None, :] * swn  # (1, BN)
+    for k0 in range(0, K, BK):
+        kk = k0 + rk  # (BK,)
+        if A_HEADS:
+            # attention's output (G, REP*M, HD) grouped per kv head: column k of a row
+            # is head k // HD (group head // REP, block head % REP), dim k % HD
+            head = kk // HD
+            x_off = (head // REP) * sxg + ((head % REP) * M)[None, :] * sxr + rm[:, None] * sxr + (kk % HD)[None, :]
+        else:
+            x_off = rm[:, None] * sxm + kk[None, :]
+        if EVEN_K:
+            a = tl.load(x_ptr + x_off, mask=m_ok[:, None], other=0.0)  # (BM, BK)
+            b = tl.load(w_rows + kk[:, None], mask=n_ok[None, :], other=0.0)  # (BK, BN)
+        else:
+            k_ok = kk < K
+            a = tl.load(x_ptr + x_off, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(w_rows + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+        if ACT != 0:
+            if EVEN_K:
+                bu = tl.load(w_rows + up_off * swn + kk[:, None], mask=n_ok[None, :], other=0.0)
+            else:
+                bu = tl.load(w_rows + up_off * swn + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            if UPCAST:
+                bu = bu.to(tl.float32)
+            acc_up = tl.dot(a, bu, acc_up)
+    dt = out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y = acc
+    if ACT != 0:
+        g = acc.to(dt).to(tl.float32)  # the gate as the torch step rounds it
+        if ACT == 1:
+            g = g / (1.0 + tl.exp(-g))  # silu
+        else:
+            z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+            g = g / (1.0 + tl.exp(-2.0 * z))  # gelu (tanh): 0.5 g (1 + tanh z) = g sigmoid(2 z)
+        y = g.to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(res_ptr + rm[:, None] * srm + rn[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0.0)
+        y = r.to(tl.float32) + y.to(dt).to(tl.float32)
+    tl.store(out_ptr + rm[:, None] * som + rn[None, :], y.to(dt), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _rope_kv(
+    qk_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, cache_ptr,
+    B, spos, sqk, sv, scos, sqg, sqr, sckv, sch, scs,
+    H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
+    REP: tl.constexpr, BD: tl.constexpr,
+):
+    """Program (row b, head j): j < H a q head, H <= j < H + HKV a k head, then the v
+    heads. q and k turn by RoPE at the row's position (the first R dims; cos and the
+    signed sin from the (S, R) tables), as ``x cos + roll(x) sin`` rounded as the torch
+    step does; q goes to ``q`` (G, REP*B, D) grouped per kv head, k and v to the cache
+    (2, HKV, S, D) at the row's slot."""
+    b = tl.program_id(0)
+    j = tl.program_id(1)
+    d = tl.arange(0, BD)
+    d_ok = d < D
+    slot = tl.load(slot_ptr + b)
+    dt = cache_ptr.dtype.element_ty
+    if j < H + HKV:
+        row = qk_ptr + b * sqk + j * D
+        x = tl.load(row + d, mask=d_ok, other=0.0)
+        turn = d < R
+        rolled = tl.where(turn, (d + R // 2) % R, d)
+        xr = tl.load(row + rolled, mask=d_ok, other=0.0).to(tl.float32)
+        pos = tl.load(pos_ptr + b * spos)
+        c = tl.load(cos_ptr + pos * scos + d, mask=turn & d_ok, other=1.0).to(tl.float32)
+        s = tl.load(sin_ptr + pos * scos + d, mask=turn & d_ok, other=0.0).to(tl.float32)
+        t = (x.to(tl.float32) * c).to(x.dtype).to(tl.float32)  # torch: x * cos, rounded
+        y = tl.where(turn, (t + xr * s).to(x.dtype), x)  # then addcmul, rounded
+        if j < H:
+            dst = q_ptr + (j // REP) * sqg + ((j % REP) * B + b) * sqr + d
+            tl.store(dst, y.to(q_ptr.dtype.element_ty), mask=d_ok)
+        else:
+            tl.store(cache_ptr + (j - H) * sch + slot * scs + d, y.to(dt), mask=d_ok)
+    else:
+        hv = j - H - HKV
+        x = tl.load(v_ptr + b * sv + hv * D + d, mask=d_ok, other=0.0)
+        tl.store(cache_ptr + sckv + hv * sch + slot * scs + d, x.to(dt), mask=d_ok)

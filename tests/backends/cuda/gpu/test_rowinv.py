@@ -1,0 +1,153 @@
+"""``gpu/rowinv.py``: the fixed step on row-invariant Triton kernels, on CPU tensors under
+Triton's interpreter (``TRITON_INTERPRET=1``, which Triton reads when it is imported, so
+the tests run in a child pytest started with it set). Each kernel against torch, the
+whole step against the torch fixed step for four families, a row's logits bit-equal in
+every bucket, and greedy drafting through the kernels equal to plain decoding. On a GPU
+``test_on_gpu.py`` runs the same step compiled."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton", reason="Triton is not installed (pip install triton; scripts/setup.sh --test does)")
+
+import torch.nn.functional as F  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+ROOT = Path(__file__).resolve().parents[4]
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this is the parent run")
+def test_the_kernels_under_the_interpreter():
+    """Runs this file again with the interpreter on (a child process: Triton reads the
+    switch at import). Its failures show here."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "DRAFTWISE_F32_KERNEL": "0"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                           str(Path(__file__).relative_to(ROOT))], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert " passed" in last and ("skipped" not in last or "1 skipped" in last), last  # only the parent
+
+
+inner = pytest.mark.skipif(not INTERPRETED, reason="runs in the child process (TRITON_INTERPRET=1)")
+
+
+def _kernels(act: str = "silu", heads: int = 4, kv_heads: int = 2, d: int = 16, rot: int = 16):
+    from types import SimpleNamespace as NS
+
+    from draftwise.backends.cuda.gpu.rowinv import RowInvariant
+
+    cfg = NS(act=act, n_heads=heads, n_kv_heads=kv_heads, head_dim=d, rot_dim=rot)
+    return RowInvariant(NS(cfg=cfg, device=torch.device("cpu")), interpret=True)
+
+
+@inner
+@pytest.mark.parametrize("k", [64, 72])  # 72: K not a multiple of the K step (masked)
+def test_the_gemm_and_its_epilogues_compute_what_torch_does(k):
+    torch.manual_seed(0)
+    ri = _kernels()
+    x, w, res, b = torch.randn(5, k), torch.randn(40, k), torch.randn(5, 40), torch.randn(40)
+    torch.testing.assert_close(ri.mm(x, w), x @ w.T, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ri.mm(x, w, bias=b, res=res), res + x @ w.T + b, atol=2e-5, rtol=1e-5)
+    w13 = torch.randn(80, k)
+    g, u = (x @ w13.T).chunk(2, -1)
+    torch.testing.assert_close(ri.mm(x, w13, glu=True), F.silu(g) * u, atol=1e-4, rtol=1e-5)
+    gelu = _kernels(act="gelu_pytorch_tanh")
+    torch.testing.assert_close(gelu.mm(x, w13, glu=True), F.gelu(g, approximate="tanh") * u, atol=1e-4, rtol=1e-5)
+
+
+@inner
+def test_the_gemm_reads_attention_output_in_its_grouped_layout():
+    """(1, G, rep M, D), head h = g rep + j at rows j M .. j M + M: as the torch step's
+    reshape/transpose copy lays it out."""
+    torch.manual_seed(1)
+    ri = _kernels()
+    o = torch.randn(1, 2, 10, 16)  # G = 2 kv heads, rep = 2, M = 5 rows, D = 16
+    w = torch.randn(24, 64)
+    ref = o.reshape(4, 5, 16).transpose(0, 1).reshape(5, 64)  # (M, H D)
+    torch.testing.assert_close(ri.mm(o, w, heads=(16, 2), rows=5), ref @ w.T, atol=2e-5, rtol=1e-5)
+
+
+@inner
+@pytest.mark.parametrize("rot", [16, 8])  # 8: a partial rotary factor
+def test_rope_and_the_kv_write_are_the_torch_steps(rot):
+    torch.manual_seed(2)
+    ri = _kernels(rot=rot)
+    b, s = 3, 20
+    qk, v = torch.randn(b, 6, 16), torch.randn(b, 2, 16)
+    pos, slots = torch.tensor([3, 7, 7]), torch.tensor([10, 11, 12])
+    cos, sin = torch.randn(s, rot), torch.randn(s, rot)
+    kv = torch.zeros(2, 2, s, 16)
+    q = ri.rope_kv(qk, v, cos, sin, pos, slots, kv)
+    c, sn = cos[pos][:, None], sin[pos][:, None]
+    turned = torch.addcmul(qk[..., :rot] * c, qk[..., :rot].roll(rot // 2, dims=-1), sn)
+    ref = torch.cat([turned, qk[..., rot:]], dim=-1)  # (B, H + H_kv, D)
+    torch.testing.assert_close(q, ref[:, :4].transpose(0, 1).reshape(1, 2, 2 * b, 16))
+    torch.testing.assert_close(kv[0][:, slots], ref[:, 4:].transpose(0, 1))
+    torch.testing.assert_close(kv[1][:, slots], v.transpose(0, 1))
+    assert kv[:, :, :10].abs().sum() == 0 and kv[:, :, 13:].abs().sum() == 0  # no other slot
+
+
+def _backend(model_dir, dtype: str, kernels: str):
+    from draftwise.backends.cuda import TorchBackend
+    from draftwise.backends.cuda.gpu.graphs import StepGraphs
+
+    be = TorchBackend.from_pretrained(model_dir, dtype=dtype, device="cpu", graphs=True,
+                                      invariant=False, max_cache_len=128)
+    be.graphs = StepGraphs(be.model, kernels=kernels)
+    assert be.graphs.kernels == kernels
+    return be
+
+
+@inner
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "gemma2"])
+def test_the_step_computes_what_the_torch_fixed_step_does(family, tmp_path):
+    """float32: the kernels' step equals the torch fixed step's to float rounding, after a
+    tree and K/V compaction (bias, per-head norms, sandwich norms, GeGLU, soft-capping)."""
+    from draftwise.core.tree import DraftTree
+    from tests.backends.cuda.test_torch_backend import V, _save_tiny
+
+    model_dir = _save_tiny(tmp_path / family, family)[0]
+    ids = np.random.default_rng(0).integers(0, V, 30)
+    tree = DraftTree(ids[21:27].astype(np.int64), np.array([-1, 0, 0, 1, 2, 4]))
+    out = []
+    for kernels in ("torch", "triton"):
+        be = _backend(model_dir, "float32", kernels)
+        be.prefill(ids[:20])
+        out.append(be.verify(int(ids[20]), tree, need_logits=True))
+        be.commit(np.array([0, 2, 4]))
+        out.append(be.verify(int(ids[28]), DraftTree.empty(), need_logits=True))
+    np.testing.assert_allclose(out[2].logits, out[0].logits, atol=1e-4)
+    np.testing.assert_allclose(out[3].logits, out[1].logits, atol=1e-4)
+    assert out[3].argmax.tolist() == out[1].argmax.tolist()
+
+
+@inner
+def test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless(tmp_path):
+    """bfloat16: every bucket kept (a row computes the same alone and beside 3, 15 or 63
+    others), and Cacheback through the kernels equals plain decoding through them."""
+    from draftwise.backends.cuda.gpu.graphs import BUCKETS
+    from draftwise.core.decode import Decoder
+    from draftwise.core.drafters.base import NoDrafter
+    from draftwise.core.drafters.cacheback import Cacheback
+    from draftwise.core.sampling import SamplingParams
+    from tests.backends.cuda.test_torch_backend import V, _save_tiny
+
+    model_dir = _save_tiny(tmp_path / "m", "llama3")[0]
+    be = _backend(model_dir, "bfloat16", "triton")
+    prompt = np.random.default_rng(3).integers(0, V, 12)
+    prompt = np.concatenate([prompt, prompt])  # a repeat, so Cacheback drafts
+    outs = []
+    for drafter in (NoDrafter(), Cacheback()):
+        be.reset()
+        outs.append([t for s in Decoder(be).steps(prompt, drafter, SamplingParams(), 16) for t in s.tokens])
+    assert be.graphs.buckets == BUCKETS and be.graphs.agree
+    assert outs[1] == outs[0] and len(outs[0]) >= 16
