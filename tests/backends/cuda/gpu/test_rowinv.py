@@ -40,12 +40,14 @@ def test_the_kernels_under_the_interpreter():
 inner = pytest.mark.skipif(not INTERPRETED, reason="runs in the child process (TRITON_INTERPRET=1)")
 
 
-def _kernels(act: str = "silu", heads: int = 4, kv_heads: int = 2, d: int = 16, rot: int = 16):
+def _kernels(act: str = "silu", heads: int = 4, kv_heads: int = 2, d: int = 16, rot: int = 16,
+             scale: float | None = None, cap: float | None = None):
     from types import SimpleNamespace as NS
 
     from draftwise.backends.cuda.gpu.rowinv import RowInvariant
 
-    cfg = NS(act=act, n_heads=heads, n_kv_heads=kv_heads, head_dim=d, rot_dim=rot)
+    cfg = NS(act=act, n_heads=heads, n_kv_heads=kv_heads, head_dim=d, rot_dim=rot, norm_eps=1e-5,
+             attn_scale=scale, attn_softcap=cap)
     return RowInvariant(NS(cfg=cfg, device=torch.device("cpu")), interpret=True)
 
 
@@ -62,6 +64,43 @@ def test_the_gemm_and_its_epilogues_compute_what_torch_does(k):
     torch.testing.assert_close(ri.mm(x, w13, glu=True), F.silu(g) * u, atol=1e-4, rtol=1e-5)
     gelu = _kernels(act="gelu_pytorch_tanh")
     torch.testing.assert_close(gelu.mm(x, w13, glu=True), F.gelu(g, approximate="tanh") * u, atol=1e-4, rtol=1e-5)
+
+
+@inner
+@pytest.mark.parametrize("m", [3, 40])  # 40 rows: three row tiles in one program
+def test_the_gemm_norms_its_rows_first(m):
+    torch.manual_seed(4)
+    ri = _kernels()
+    x, w, nw = torch.randn(m, 72), torch.randn(24, 72), torch.rand(72) + 0.5
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * nw
+    torch.testing.assert_close(ri.mm(x, w, norm=nw), normed @ w.T, atol=1e-4, rtol=1e-5)
+    w13 = torch.randn(48, 72)
+    g, u = (normed @ w13.T).chunk(2, -1)
+    torch.testing.assert_close(ri.mm(x, w13, glu=True, norm=nw), F.silu(g) * u, atol=1e-4, rtol=1e-5)
+
+
+@inner
+@pytest.mark.parametrize("cap", [None, 1.5])  # 1.5: gemma2's score soft-capping
+def test_attention_over_the_cache_under_a_bias(cap):
+    """Rows of a 3-row tree over a 70-slot cache (two slot blocks, the second partial),
+    each row seeing the prefix, its ancestors and itself: as softmax attention."""
+    torch.manual_seed(5)
+    b, s, d = 3, 70, 16
+    ri = _kernels(scale=0.3, cap=cap)
+    q = torch.randn(1, 2, 2 * b, d)  # (1, H_kv, rep B, D): head g rep + j, row j B + i
+    kv = torch.randn(2, 2, s, d)
+    see = torch.zeros(b, s, dtype=torch.bool)
+    see[:, :50] = True
+    see[0, 50], see[1, 50:52], see[2, [50, 52]] = True, True, True
+    bias = torch.zeros(b, s).masked_fill(~see, float("-inf"))
+    got = ri.attend(q, kv, bias)  # (B, H D)
+    sc = q[0] @ kv[0].transpose(-1, -2) * 0.3  # (H_kv, rep B, S)
+    if cap is not None:
+        sc = torch.tanh(sc / cap) * cap
+    sc = sc + bias.repeat(2, 1)
+    ref = torch.softmax(sc, dim=-1) @ kv[1]  # (H_kv, rep B, D)
+    ref = ref.reshape(4, b, d).transpose(0, 1).reshape(b, 4 * d)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
 
 
 @inner
