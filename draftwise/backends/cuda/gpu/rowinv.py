@@ -50,14 +50,14 @@ class MMConfig:
 
 
 def config(n: int, k: int, sms: int = 132) -> MMConfig:
-    """Tiles for an (N, K) weight: enough programs to keep every SM streaming weights
-    at one row (two per SM where N allows), long K steps for narrow tiles. Measured on
-    an H200 (``device_check.py``, Llama-3.1-8B shape, inside the captured step): these
-    read the weights at 83% of the copy bandwidth, 64x128 / 32x128 tiles for every
-    layer at 74%. ``DRAFTWISE_MM_CONFIG=bn,bk,warps,stages`` overrides (for sweeps).
+    """Tiles for an (N, K) weight: 64 outputs a program where that still gives every SM
+    one, else 32; K in steps of 128. Chosen from a sweep on an H200 at one row
+    (``device_check.py --only gemms``: within a few percent of the best of ten tilings
+    on each Llama-3.1-8B layer). ``DRAFTWISE_MM_CONFIG=bn,bk,warps,stages`` overrides
+    (for sweeps).
 
     >>> config(4096, 14336)
-    MMConfig(bn=16, bk=256, warps=4, stages=4)
+    MMConfig(bn=32, bk=128, warps=4, stages=4)
     """
     env = os.environ.get("DRAFTWISE_MM_CONFIG")
     if env:
@@ -66,10 +66,7 @@ def config(n: int, k: int, sms: int = 132) -> MMConfig:
         except ValueError:
             raise DraftwiseError(f"DRAFTWISE_MM_CONFIG must be 'bn,bk,warps,stages', got {env!r}") from None
         return MMConfig(bn, bk, warps, stages)
-    for bn in (64, 32):
-        if n // bn >= 2 * sms:
-            return MMConfig(bn, 128 if bn == 64 else 256)
-    return MMConfig(16, 256)
+    return MMConfig(64 if n // 64 >= sms else 32, 128)
 
 
 class RowInvariant:

@@ -59,12 +59,11 @@ def _a_tile(x_ptr, rm, kk, m_ok, k_ok, M, sxm, sxg, sxr, nw_ptr, rstd,
 
 
 @triton.jit
-def _rstd(x_ptr, rm, m_ok, sxm, K: tl.constexpr, eps):
-    """1 / sqrt(mean(x^2) + eps) of rows ``rm`` (float32, K in steps of 512: a fixed
-    order; long steps, since each is a dependent load before the GEMM can start)."""
+def _rstd(x_ptr, rm, m_ok, sxm, K: tl.constexpr, eps, BK: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) of rows ``rm`` (float32, K in BK steps: a fixed order)."""
     ss = tl.zeros((rm.shape[0],), dtype=tl.float32)
-    for k0 in range(0, K, 512):
-        kk = k0 + tl.arange(0, 512)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
         x = tl.load(x_ptr + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :],
                     other=0.0).to(tl.float32)
         ss += tl.sum(x * x, axis=1)
@@ -128,13 +127,13 @@ def _mm(
     rs2 = rs0
     rs3 = rs0
     if NORM:
-        rs0 = _rstd(x_ptr, r0, m0, sxm, K, eps)
+        rs0 = _rstd(x_ptr, r0, m0, sxm, K, eps, BK)
         if MT > 1:
-            rs1 = _rstd(x_ptr, r0 + BM, m1, sxm, K, eps)
+            rs1 = _rstd(x_ptr, r0 + BM, m1, sxm, K, eps, BK)
         if MT > 2:
-            rs2 = _rstd(x_ptr, r0 + 2 * BM, m2, sxm, K, eps)
+            rs2 = _rstd(x_ptr, r0 + 2 * BM, m2, sxm, K, eps, BK)
         if MT > 3:
-            rs3 = _rstd(x_ptr, r0 + 3 * BM, m3, sxm, K, eps)
+            rs3 = _rstd(x_ptr, r0 + 3 * BM, m3, sxm, K, eps, BK)
     acc0 = tl.zeros((BM, BN), dtype=tl.float32)
     acc1 = acc0
     acc2 = acc0
