@@ -52,7 +52,7 @@ from draftwise.core.acceptance_model import (  # noqa: F401  (re-exported: the a
     prob_bins,
 )
 from draftwise.core.costmodel import CostModel
-from draftwise.core.drafters.base import Drafter
+from draftwise.core.drafters.base import Background, Drafter
 from draftwise.core.drafters.compose import beams_of, load_members, save_members
 from draftwise.core.tree import DraftTree, merge_trees, path_reduce
 from draftwise.errors import DraftwiseError
@@ -162,6 +162,7 @@ class AutoDrafter:
         }
         # (full tree, root index, its acceptance cells) awaiting the tokens that judge it
         self._pending: deque[tuple[DraftTree, int, tuple[np.ndarray, ...]]] = deque()
+        self._context: np.ndarray | None = None  # the last update's, for ``background``
         # per member: running ms of its proposals, and (gated members) the running log
         # of (tokens/ms with it) / (tokens/ms without it) on the steps it drafted in,
         # and the steps since it last drafted
@@ -190,10 +191,12 @@ class AutoDrafter:
             self.members[i].bw, self.members[i].t = bw, t  # type: ignore[attr-defined]
         self.acc = AcceptanceModel(n_sources=len(self.members), prob_sources=self._prob_sources)
         self._pending.clear()
+        self._context = None
         self._p1, self._skipped = 1.0, 0
 
     def begin(self, prompt: np.ndarray) -> None:
         self._pending.clear()
+        self._context = None
         for m in self.members:
             m.begin(prompt)
 
@@ -329,7 +332,18 @@ class AutoDrafter:
     def update(self, context: np.ndarray, n_new: int) -> None:
         for m in self.members:
             m.update(context, n_new)
-        # score pending trees once every node's fate is known (or 8 steps later)
+        self._context = context  # scored by ``background``, while the next verify runs
+
+    def background(self) -> None:
+        """Score pending trees once every node's fate is known (or 8 steps later): the
+        acceptance model's bookkeeping, which the decoder runs while the device
+        computes the next verify (a step's delay only changes what is drafted)."""
+        for m in self.members:
+            if isinstance(m, Background):
+                m.background()
+        context = self._context
+        if context is None:
+            return
         while self._pending:
             tree, root_end, index = self._pending[0]
             known = context.size - root_end

@@ -26,6 +26,7 @@ Example, plain decoding of one token (an empty tree)::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -72,6 +73,16 @@ class Backend(Protocol):
 
     def commit(self, keep: np.ndarray) -> None:
         """Keep rows ``keep`` of the last ``verify`` in the cache; see the module docstring."""
+
+
+@runtime_checkable
+class Overlapping(Protocol):
+    """A backend whose verify returns control before the device finishes (CUDA): it
+    calls ``while_waiting`` (when set) after launching a verify's device work and before
+    waiting for its result, so host work overlaps the step. The decoder sets it for one
+    generation (``Background`` drafters)."""
+
+    while_waiting: Callable[[], None] | None
 
 
 @runtime_checkable

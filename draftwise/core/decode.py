@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from draftwise.core.acceptance import accept, accept_greedy
-from draftwise.core.backend import Backend, SamplingVerifier
+from draftwise.core.backend import Backend, Overlapping, SamplingVerifier
 from draftwise.core.batch import BatchDrafter, BatchVerifier, accept_batch, check_drafts
-from draftwise.core.drafters.base import CostObserver, Drafter, PathAware
+from draftwise.core.drafters.base import Background, CostObserver, Drafter, PathAware
 from draftwise.core.prefixes import Prefixes, Snapshots
 from draftwise.core.sampling import SamplingParams, next_token, recent_windows
 from draftwise.core.threads import ThreadTunable, ThreadTuner
@@ -193,8 +193,22 @@ class Decoder:
         drafter.begin(prompt)
         batched = self._use_batch(drafter, params)  # fixed for the generation
         node_cap = getattr(self.backend, "max_tree_nodes", None)
+        # bookkeeping that does not decide the next draft: once a step, inside the
+        # verify while the device works where the backend overlaps, else right after it
+        ran = [False]
+        background = drafter.background if isinstance(drafter, Background) else None
+
+        def in_background() -> None:
+            if background is not None and not ran[0]:
+                ran[0] = True
+                background()
+
+        hooked = background is not None and isinstance(self.backend, Overlapping)
+        if hooked:
+            self.backend.while_waiting = in_background  # type: ignore[union-attr]
         try:
             while True:
+                ran[0] = False
                 room = limit - self.backend.cache_len - 1  # rows left after the root
                 cap = max(0, min(budget, room, max_tokens - emitted - 1))
                 if node_cap is not None:  # a backend of fixed-shape steps (CUDA graphs)
@@ -219,6 +233,7 @@ class Decoder:
                     new = [int(t) for t in tree.tokens[path]] + [bonus]
                     n_acc, n_drafted = len(path), len(tree)
                 t2 = time.perf_counter()
+                in_background()  # (a no-op where the verify ran it)
                 if not batched and isinstance(drafter, CostObserver):  # auto: costs learnt live
                     drafter.observe_verify(n_drafted + 1, n - 1, (t2 - t1) * 1e3)
                 if threads is not None:
@@ -240,6 +255,8 @@ class Decoder:
                 if finish is not None:
                     return
         finally:
+            if hooked:
+                self.backend.while_waiting = None  # type: ignore[union-attr]
             if self.threads is not None:  # what else runs in this thread gets torch's count
                 self.backend.set_kernel_threads(None)  # type: ignore[attr-defined]
             # the cache may hold rows past what was emitted (truncation, early stop)

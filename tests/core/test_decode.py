@@ -249,3 +249,65 @@ def test_a_profile_measured_when_planning_does_not_corrupt_the_generation():
     spec, _, dec = run(be, ProfilingOnPlanDrafter(8, be, 1), params, [3, 4, 5], 30, seed=1)
     assert spec == plain
     assert be.cache == dec.cached
+
+
+class _OverlappingFake(FakeBackend):
+    """A backend that overlaps: runs ``while_waiting`` inside its verify, noting when."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.while_waiting = None
+        self.log: list[str] = []
+
+    def verify(self, root, tree, need_logits):
+        self.log.append("launch")
+        if self.while_waiting is not None:
+            self.while_waiting()
+        return super().verify(root, tree, need_logits)
+
+
+class _Booked(RandomTreeDrafter):
+    """A drafter with background bookkeeping: records when it runs."""
+
+    def __init__(self, vocab, log) -> None:
+        super().__init__(vocab)
+        self.log = log
+
+    def background(self) -> None:
+        self.log.append("background")
+
+
+@pytest.mark.parametrize("overlaps", [True, False])
+def test_background_bookkeeping_runs_once_a_step_and_changes_nothing(overlaps):
+    """Where the backend overlaps, the drafter's background work runs inside each verify
+    (after the launch, before the result); elsewhere right after it; once a step either
+    way, and the output is plain decoding's."""
+    be = _OverlappingFake(vocab_size=6, sharpness=4.0) if overlaps else FakeBackend(vocab_size=6, sharpness=4.0)
+    log = be.log if overlaps else []
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    plain, _, _ = run(FakeBackend(vocab_size=6, sharpness=4.0), NoDrafter(), SamplingParams(), prompt, 30)
+    spec, steps, _ = run(be, _Booked(6, log), SamplingParams(), prompt, 30)
+    assert spec == plain
+    assert log.count("background") == len(steps)
+    if overlaps:
+        assert log == ["launch", "background"] * len(steps)
+        assert be.while_waiting is None  # released after the generation
+
+
+def test_auto_scores_its_trees_in_the_background():
+    """auto's acceptance bookkeeping moved to ``background``: the decoder runs it, every
+    tree but the last step's is scored, and the output is plain decoding's."""
+    from draftwise.core.autotune import AutoDrafter
+    from draftwise.core.costmodel import CostModel
+
+    be = FakeBackend(vocab_size=6, sharpness=4.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    auto = AutoDrafter([Cacheback()], CostModel(rows=[1, 64], ms=[10, 10.5]))
+    before = auto.acc.tries.sum()
+    plain, _, _ = run(be, NoDrafter(), SamplingParams(), prompt, 40)
+    spec, _, _ = run(be, auto, SamplingParams(), prompt, 40)
+    assert spec == plain
+    assert auto.acc.tries.sum() > before  # trees were scored
+    n_scored = auto.acc.tries.sum()
+    auto.background()  # nothing new is known after the generation's last scoring
+    assert auto.acc.tries.sum() >= n_scored

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,8 @@ class TorchBackend(CacheBook, BatchMixin):
                     f"{model.max_cache_len}"
                 )
         self.graphs = graphs
+        # host work run while a launched verify computes (the decoder sets it, Overlapping)
+        self.while_waiting: Callable[[], None] | None = None
         # a tree has at most this many nodes (the decoding loop caps its budget to it)
         self.max_tree_nodes = graphs.max_rows - 1 if graphs is not None else None
         self._argmax: torch.Tensor | None = None  # (N+1,) the graph step's, on the device
@@ -305,7 +308,16 @@ class TorchBackend(CacheBook, BatchMixin):
 
     def verify(self, root: int, tree: DraftTree, need_logits: bool) -> Verified:
         host = self._pack(root, tree, 0)
-        return self._finish(self._tree_logits(host), need_logits)
+        logits = self._tree_logits(host)  # launched; on CUDA not yet computed
+        self._overlap()
+        return self._finish(logits, need_logits)
+
+    def _overlap(self) -> None:
+        """Host work while the device computes the launched verify (``Overlapping``):
+        on CUDA only, where the launch returns at once; on CPU the forward has finished
+        by now, and the decoder runs the work after the verify's timing instead."""
+        if self.while_waiting is not None and self.device.type == "cuda":
+            self.while_waiting()
 
     def verify_sampled(
         self, root: int, tree: DraftTree, params: SamplingParams, u: np.ndarray, recent: np.ndarray
@@ -323,6 +335,7 @@ class TorchBackend(CacheBook, BatchMixin):
             logits = self._tree_logits(host[:, : -1 - w], dev[:, : -1 - w])  # (N+1, V)
             u_dev = dev[:, -1].contiguous().view(torch.float64)  # (N+1,)
             tokens = sample_rows(logits, dev[:, -1 - w : -1], u_dev, params)  # (N+1,)
+            self._overlap()
             return tokens.cpu().numpy()
 
     def _pack(self, root: int, tree: DraftTree, extra: int) -> np.ndarray:

@@ -58,6 +58,16 @@ class CostObserver(Protocol):
 
 
 @runtime_checkable
+class Background(Protocol):
+    """A drafter with bookkeeping that does not decide its next draft (scoring past
+    trees for its acceptance model, say). The decoder runs ``background`` once a step
+    while the device computes the verify (``backend.while_waiting``, where the backend
+    overlaps; else right after the verify), so the host work hides under the step."""
+
+    def background(self) -> None: ...
+
+
+@runtime_checkable
 class Closeable(Protocol):
     """A drafter that holds something to release (CARD's worker thread)."""
 
