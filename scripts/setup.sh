@@ -39,6 +39,11 @@ pip_install -e ".[$extras]"
 if [ "$want_test" = 1 ]; then
   if [ "$os" = Darwin ]; then mlx_pkg=mlx; else mlx_pkg="mlx[cpu]"; fi
   "$VPY" -c "import mlx_lm" 2>/dev/null || pip_install "$mlx_pkg" mlx-lm || echo "setup: MLX not installed; MLX tests will be skipped" >&2
+  # Triton: the CUDA step's row-invariant kernels, tested on CPU under its interpreter
+  # (a CUDA torch brings it; on a CPU machine it is one wheel of ~190 MB)
+  if [ "$os" = Linux ] && [ "$arch" = x86_64 ]; then
+    "$VPY" -c "import triton" 2>/dev/null || pip_install "triton==3.6.0" || echo "setup: Triton not installed; the row-invariant kernel tests will be skipped" >&2
+  fi
   command -v tmux >/dev/null || { [ "$(id -u)" = 0 ] && apt-get install -y -qq tmux >/dev/null 2>&1; } || echo "setup: tmux not installed; the chat terminal test will be skipped" >&2
 fi
 if [ "$want_llama" = 1 ]; then

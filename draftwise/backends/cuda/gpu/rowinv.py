@@ -4,7 +4,9 @@
 only the buckets whose rows compute bit-equal to the largest bucket's. With cuBLAS the
 Llama-3.1-8B shape kept only 64 (a split-K GEMM at other row counts), so a plain step
 paid for 64 rows. Here every linear layer is ``_mm``, whose reduction order is fixed by
-(N, K) alone, so every bucket computes a row the same way and a plain step runs 1 row.
+(N, K) alone, so every bucket computes a row the same way and a plain step runs 1 row
+(measured on an H200, Llama-3.1-8B shape: 5.87 ms a step at 1 to 16 rows, against 6.92
+with every step at cuBLAS's 64 rows).
 A layer also launches fewer kernels (8 instead of about 19): the RMSNorm, the q/k/v
 projection (bias fused), RoPE with the K/V write, attention (SDPA, as before), the
 output projection reading attention's layout with the residual add fused, the RMSNorm,
@@ -32,8 +34,6 @@ import torch
 from draftwise.errors import DraftwiseError
 
 BM = 16  # rows per tile: fixed, so a row's arithmetic never depends on the row count
-MAX_TILES = 4  # row tiles one program multiplies each weight tile into (64 rows)
-BS = 64  # cache slots per attention block
 ACTS = {"silu": 1, "gelu_pytorch_tanh": 2}
 
 
@@ -50,23 +50,29 @@ class MMConfig:
 
 
 def config(n: int, k: int, sms: int = 132) -> MMConfig:
-    """Tiles for an (N, K) weight: 64 outputs a program where that still gives every SM
-    one, else 32; K in steps of 128. Chosen from a sweep on an H200 at one row
-    (``device_check.py --only gemms``: within a few percent of the best of ten tilings
-    on each Llama-3.1-8B layer). ``DRAFTWISE_MM_CONFIG=bn,bk,warps,stages`` overrides
-    (for sweeps).
+    """Tiles for an (N, K) weight: enough programs to keep every SM streaming weights
+    at one row (at least two per SM where N allows), long K steps for narrow tiles. On
+    an H200 inside the Llama-3.1-8B one-row step these read the weights at 83% of the
+    copy bandwidth; 64x128 / 32x128 tiles everywhere (the best of a sweep of each layer
+    timed alone) gave less in the step. ``DRAFTWISE_MM_CONFIG=bn,bk,warps,stages``
+    overrides (for sweeps).
 
     >>> config(4096, 14336)
-    MMConfig(bn=32, bk=128, warps=4, stages=4)
+    MMConfig(bn=16, bk=256, warps=4, stages=4)
     """
     env = os.environ.get("DRAFTWISE_MM_CONFIG")
     if env:
         try:
             bn, bk, warps, stages = (int(v) for v in env.split(","))
         except ValueError:
-            raise DraftwiseError(f"DRAFTWISE_MM_CONFIG must be 'bn,bk,warps,stages', got {env!r}") from None
+            raise DraftwiseError(
+                f"DRAFTWISE_MM_CONFIG must be 'bn,bk,warps,stages', got {env!r}"
+            ) from None
         return MMConfig(bn, bk, warps, stages)
-    return MMConfig(64 if n // 64 >= sms else 32, 128)
+    for bn in (64, 32):
+        if n // bn >= 2 * sms:
+            return MMConfig(bn, 128 if bn == 64 else 256)
+    return MMConfig(16, 256)
 
 
 class RowInvariant:
@@ -78,9 +84,12 @@ class RowInvariant:
         self.model, self.k, self.interpret = model, kern, interpret
         cfg = model.cfg
         self.act = ACTS[cfg.act]
-        self.eps = getattr(cfg, "norm_eps", 1e-6)
         dev = model.device
-        self.sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+        self.sms = (
+            torch.cuda.get_device_properties(dev).multi_processor_count
+            if dev.type == "cuda"
+            else 132
+        )
         self._cfg: dict[tuple[int, int], MMConfig] = {}
 
     @classmethod
@@ -117,15 +126,22 @@ class RowInvariant:
         return cls(model, interpret)
 
     # ----- launchers ------------------------------------------------------------------
-    def mm(self, x: torch.Tensor, w: torch.Tensor, *, bias: torch.Tensor | None = None,
-           glu: bool = False, res: torch.Tensor | None = None, heads: tuple[int, int] | None = None,
-           rows: int | None = None, norm: torch.Tensor | None = None,
-           cfg: MMConfig | None = None) -> torch.Tensor:
+    def mm(
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        *,
+        bias: torch.Tensor | None = None,
+        glu: bool = False,
+        res: torch.Tensor | None = None,
+        heads: tuple[int, int] | None = None,
+        rows: int | None = None,
+        cfg: MMConfig | None = None,
+    ) -> torch.Tensor:
         """``x`` (M, K) @ ``w`` (N, K).T -> (M, N) (``glu``: w is (2F, K), gate rows then
         up rows, and out (M, F) = act(gate) * up), plus ``bias`` (N,), plus ``res``
         (M, N). ``heads=(head_dim, rep)``: ``x`` is attention's output (1, G, rep*M, D)
-        and ``rows`` is M. ``norm`` (K,): RMS-norm the rows of ``x`` first (with that
-        weight and the model's eps), in the GEMM. ``cfg``: other tiles than ``config``'s (sweeps only: a row's
+        and ``rows`` is M. ``cfg``: other tiles than ``config``'s (sweeps only: a row's
         rounding then differs from the step's)."""
         n_all, k = w.shape
         n = n_all // 2 if glu else n_all
@@ -149,24 +165,49 @@ class RowInvariant:
         c = cfg or self._cfg.get((n, k))
         if c is None:
             c = self._cfg[(n, k)] = config(n, k, self.sms)
-        if norm is not None and heads is not None:
-            raise DraftwiseError("the GEMM norms plain rows only")
-        mt = min(MAX_TILES, triton_cdiv(m, BM))  # row tiles a program carries
-        grid = (triton_cdiv(m, BM * mt) * triton_cdiv(n, c.bn),)
+        grid = (triton_cdiv(m, BM) * triton_cdiv(n, c.bn),)
         self.k._mm[grid](
-            x, w, out, res if res is not None else out, bias if bias is not None else out,
-            norm if norm is not None else out,
-            m, n, k, sxm, sxg, sxr, w.stride(0), out.stride(0), res.stride(0) if res is not None else 0,
-            n, float(self.eps),
-            A_HEADS=heads is not None, HD=hd, REP=rep, NORM=norm is not None,
-            HAS_BIAS=bias is not None, ACT=self.act if glu else 0, HAS_RES=res is not None,
-            EVEN_K=k % c.bk == 0, UPCAST=self.interpret,
-            BM=BM, BN=c.bn, BK=c.bk, MT=mt, num_warps=c.warps, num_stages=c.stages,
+            x,
+            w,
+            out,
+            res if res is not None else out,
+            bias if bias is not None else out,
+            m,
+            n,
+            k,
+            sxm,
+            sxg,
+            sxr,
+            w.stride(0),
+            out.stride(0),
+            res.stride(0) if res is not None else 0,
+            n,
+            A_HEADS=heads is not None,
+            HD=hd,
+            REP=rep,
+            HAS_BIAS=bias is not None,
+            ACT=self.act if glu else 0,
+            HAS_RES=res is not None,
+            EVEN_K=k % c.bk == 0,
+            UPCAST=self.interpret,
+            BM=BM,
+            BN=c.bn,
+            BK=c.bk,
+            num_warps=c.warps,
+            num_stages=c.stages,
         )
         return out
 
-    def rope_kv(self, qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                positions: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    def rope_kv(
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        kv: torch.Tensor,
+    ) -> torch.Tensor:
         """RoPE of ``qk`` (B, H + H_kv, D) at ``positions`` (B,), k and ``v`` (B, H_kv, D)
         into ``kv`` (2, H_kv, S, D) at ``slots`` (B,); returns q (1, H_kv, rep B, D)."""
         cfg = self.model.cfg
@@ -177,38 +218,42 @@ class RowInvariant:
         assert qk.stride(-1) == 1 and qk.stride(-2) == d and v.stride(-1) == 1 and v.stride(-2) == d
         assert kv.stride(-1) == 1 and cos.stride(-1) == 1 and slots.stride(0) == 1
         self.k._rope_kv[(b, h + 2 * hkv)](
-            qk, v, cos, sin, positions, slots, q, kv,
-            b, positions.stride(0), qk.stride(0), v.stride(0), cos.stride(0), q.stride(1), q.stride(2),
-            kv.stride(0), kv.stride(1), kv.stride(2),
-            H=h, HKV=hkv, D=d, R=cfg.rot_dim, REP=rep, BD=triton_next_pow2(d),
+            qk,
+            v,
+            cos,
+            sin,
+            positions,
+            slots,
+            q,
+            kv,
+            b,
+            positions.stride(0),
+            qk.stride(0),
+            v.stride(0),
+            cos.stride(0),
+            q.stride(1),
+            q.stride(2),
+            kv.stride(0),
+            kv.stride(1),
+            kv.stride(2),
+            H=h,
+            HKV=hkv,
+            D=d,
+            R=cfg.rot_dim,
+            REP=rep,
+            BD=triton_next_pow2(d),
         )
         return q
 
-    def attend(self, q: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """Attention of ``q`` (1, H_kv, rep B, D) (``rope_kv``'s) over every slot of
-        ``kv`` (2, H_kv, S, D) under ``bias`` (B, S) additive -> (B, H D), the layout the
-        output projection reads."""
-        cfg = self.model.cfg
-        _, g, r, d = q.shape
-        b = bias.shape[0]
-        s = kv.shape[2]
-        rep = r // b
-        out = torch.empty((b, g * rep * d), dtype=q.dtype, device=q.device)
-        if bias.stride(-1) != 1:
-            bias = bias.contiguous()
-        scale = cfg.attn_scale if cfg.attn_scale is not None else d**-0.5
-        cap = cfg.attn_softcap
-        self.k._attn[(g, triton_cdiv(r, BM))](
-            q, kv, bias, out, b, r, q.stride(1), q.stride(2), kv.stride(0), kv.stride(1), kv.stride(2),
-            bias.stride(0), out.stride(0), float(scale), float(cap or 1.0),
-            S=s, D=d, REP=rep, BD=max(16, triton_next_pow2(d)), BQ=BM, BS=BS,
-            SOFTCAP=cap is not None, UPCAST=self.interpret,
-        )
-        return out
-
     # ----- the step -------------------------------------------------------------------
-    def forward_fixed(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                      bias: torch.Tensor, local: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_fixed(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        bias: torch.Tensor,
+        local: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``Llama.forward_fixed`` on these kernels: same arguments, logits (B, V)."""
         from draftwise.backends.cuda.llama import rms_norm
 
@@ -216,10 +261,14 @@ class RowInvariant:
         cfg = model.cfg
         t = tokens.shape[0]
         h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        eps = cfg.norm_eps
+        rep, eps = model.n_rep, cfg.norm_eps
+        bias = bias.to(model.dtype).repeat(rep, 1)  # (rep B, S)
+        if local is not None:
+            local = local.to(model.dtype).repeat(rep, 1)  # (rep B, S)
         x = model.embed_rows(tokens)  # (B, C)
         for li, layer in enumerate(model.layers):
-            qkv = self.mm(x, layer.wqkv, bias=layer.bqkv, norm=layer.attn_norm)  # (B, (H + 2 H_kv) D)
+            hn = rms_norm(x, layer.attn_norm, eps)  # (B, C)
+            qkv = self.mm(hn, layer.wqkv, bias=layer.bqkv)  # (B, (H + 2 H_kv) D)
             qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # (B, H + H_kv, D)
             if layer.q_norm is not None:
                 qk = model.qk_norm(layer, qk).contiguous()
@@ -227,18 +276,23 @@ class RowInvariant:
             cos, _ = model.ropes[layer.rope]
             kv = model.cache[li]  # (2, H_kv, S, D)
             q = self.rope_kv(qk, v, cos, model.sins_signed[layer.rope], positions, slots, kv)
-            o = self.attend(q, kv, local if layer.window and local is not None else bias)  # (B, H D)
+            mask = local if layer.window and local is not None else bias
+            o = model.attention(
+                q, kv[0].unsqueeze(0), kv[1].unsqueeze(0), mask
+            )  # (1, H_kv, rep B, D)
             if layer.post_attn_norm is None:
-                x = self.mm(o, layer.wo, res=x)  # (B, C)
+                x = self.mm(o, layer.wo, res=x, heads=(d, rep), rows=t)  # (B, C)
             else:  # gemma: the norm comes between the projection and the residual
-                x = x + rms_norm(self.mm(o, layer.wo), layer.post_attn_norm, eps)
-            g = self.mm(x, layer.w13, glu=True, norm=layer.mlp_norm)  # (B, F)
+                a = self.mm(o, layer.wo, heads=(d, rep), rows=t)
+                x = x + rms_norm(a, layer.post_attn_norm, eps)
+            hn = rms_norm(x, layer.mlp_norm, eps)  # (B, C)
+            g = self.mm(hn, layer.w13, glu=True)  # (B, F)
             if layer.post_mlp_norm is None:
                 x = self.mm(g, layer.w2, res=x)  # (B, C)
             else:
                 x = x + rms_norm(self.mm(g, layer.w2), layer.post_mlp_norm, eps)
         model.last_x = x  # (B, C)
-        out = self.mm(x, model.lm_head, norm=model.norm)  # (B, V)
+        out = self.mm(rms_norm(x, model.norm, eps), model.lm_head)  # (B, V)
         if cfg.final_softcap is not None:
             out = torch.tanh(out / cfg.final_softcap) * cfg.final_softcap
         return out
