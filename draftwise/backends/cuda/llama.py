@@ -872,6 +872,11 @@ class Llama:
             out = torch.tanh(out / cap) * cap
         return out
 
+    def norm_rows(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of rows ``x`` (..., C) with weight ``w`` (C,) and the model's eps (for
+        steps built outside this module: ``gpu/rowinv.py``)."""
+        return rms_norm(x, w, self.cfg.norm_eps)
+
     def final_hidden(self, x: torch.Tensor) -> torch.Tensor:
         """The last-layer hidden state (after the final norm) of residual rows ``x``
         (..., C): what the lm_head reads."""

@@ -255,19 +255,17 @@ class RowInvariant:
         local: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``Llama.forward_fixed`` on these kernels: same arguments, logits (B, V)."""
-        from draftwise.backends.cuda.llama import rms_norm
-
         model = self.model
         cfg = model.cfg
         t = tokens.shape[0]
         h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        rep, eps = model.n_rep, cfg.norm_eps
+        rep = model.n_rep
         bias = bias.to(model.dtype).repeat(rep, 1)  # (rep B, S)
         if local is not None:
             local = local.to(model.dtype).repeat(rep, 1)  # (rep B, S)
         x = model.embed_rows(tokens)  # (B, C)
         for li, layer in enumerate(model.layers):
-            hn = rms_norm(x, layer.attn_norm, eps)  # (B, C)
+            hn = model.norm_rows(x, layer.attn_norm)  # (B, C)
             qkv = self.mm(hn, layer.wqkv, bias=layer.bqkv)  # (B, (H + 2 H_kv) D)
             qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # (B, H + H_kv, D)
             if layer.q_norm is not None:
@@ -284,15 +282,15 @@ class RowInvariant:
                 x = self.mm(o, layer.wo, res=x, heads=(d, rep), rows=t)  # (B, C)
             else:  # gemma: the norm comes between the projection and the residual
                 a = self.mm(o, layer.wo, heads=(d, rep), rows=t)
-                x = x + rms_norm(a, layer.post_attn_norm, eps)
-            hn = rms_norm(x, layer.mlp_norm, eps)  # (B, C)
+                x = x + model.norm_rows(a, layer.post_attn_norm)
+            hn = model.norm_rows(x, layer.mlp_norm)  # (B, C)
             g = self.mm(hn, layer.w13, glu=True)  # (B, F)
             if layer.post_mlp_norm is None:
                 x = self.mm(g, layer.w2, res=x)  # (B, C)
             else:
-                x = x + rms_norm(self.mm(g, layer.w2), layer.post_mlp_norm, eps)
+                x = x + model.norm_rows(self.mm(g, layer.w2), layer.post_mlp_norm)
         model.last_x = x  # (B, C)
-        out = self.mm(rms_norm(x, model.norm, eps), model.lm_head)  # (B, V)
+        out = self.mm(model.norm_rows(x, model.norm), model.lm_head)  # (B, V)
         if cfg.final_softcap is not None:
             out = torch.tanh(out / cfg.final_softcap) * cfg.final_softcap
         return out
