@@ -89,7 +89,7 @@ class NativeRecurrentStep(TorchRecurrentStep):
     """``TorchRecurrentStep`` (int8, on CPU) whose beam step is one compiled call."""
 
     def __init__(self, net: ReDrafterNet, backend: Any, extend: bool = False) -> None:
-        super().__init__(net, backend, int8=True, extend=extend)
+        super().__init__(net, backend, int8=True, extend=extend, torch_layers=False)
         lib = redrafter_lib()
         if lib is None or not native_supported(net):
             raise ValueError("the compiled ReDrafter step is not available for this network")

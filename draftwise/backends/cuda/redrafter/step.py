@@ -111,14 +111,19 @@ class TorchRecurrentStep:
     (int8: CPU only)."""
 
     def __init__(
-        self, net: ReDrafterNet, backend: Any, int8: bool = False, extend: bool = False
+        self, net: ReDrafterNet, backend: Any, int8: bool = False, extend: bool = False,
+        torch_layers: bool = True,
     ) -> None:
+        """``torch_layers``: build the torch layers the step runs (False: a subclass
+        that computes the step itself, ``native.NativeRecurrentStep``)."""
         self.net = net.eval()
         self.backend = backend
         self.dtype = torch.bfloat16 if int8 else net.embed.dtype  # activations
         self.embed = net.embed.to(self.dtype)  # (V, C): no copy when the dtypes agree
-        with torch.no_grad():
-            self.layers = _Layers(net, self.dtype, int8)
+        self._layers: _Layers | None = None
+        if torch_layers:
+            with torch.no_grad():
+                self._layers = _Layers(net, self.dtype, int8)
         base = net.vocab_ids.cpu().numpy().astype(np.int64)  # (K,)
         self._vocab = ContextVocab(base, net.cfg.vocab_size)
         self.extend = extend
@@ -138,6 +143,13 @@ class TorchRecurrentStep:
         self._cols: torch.Tensor | None = None
         if net.cfg.context_dim:
             backend.keep_hidden_rows()
+
+    @property
+    def layers(self) -> _Layers:
+        """The torch layers of the step (built unless ``torch_layers=False``)."""
+        if self._layers is None:
+            raise RuntimeError("this ReDrafter step was built without torch layers")
+        return self._layers
 
     def start(self, cache_len: int, context: np.ndarray) -> bool:
         """Read the target's hidden state of the last cached token, if it is for

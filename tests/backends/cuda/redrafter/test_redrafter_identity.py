@@ -102,9 +102,16 @@ def test_shipped_redrafter_drafts_with_int8_weights_on_cpu(torch_model):  # type
 
     if not int8_supported():
         pytest.skip("no int8 matmul in this torch")
+    from draftwise.backends.cuda.redrafter.native import NativeRecurrentStep
+
     step = torch_model.drafter("redrafter").net
     assert step.dtype == torch.bfloat16
-    assert step.layers.head.scale is not None  # the head's weights are int8
+    if isinstance(step, NativeRecurrentStep):  # the compiled step: int8 codes of its own
+        assert sum(t.dtype == torch.int8 for t in step._keep if isinstance(t, torch.Tensor)) >= 5
+        with pytest.raises(RuntimeError, match="without torch layers"):
+            step.layers  # noqa: B018  (none built: they would be 5 MB unused)
+    else:
+        assert step.layers.head.scale is not None  # the head's weights are int8
 
 
 def test_redrafter_bf16_invariant_identical(  # type: ignore[no-untyped-def]
