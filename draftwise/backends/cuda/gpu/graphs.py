@@ -87,6 +87,7 @@ class StepGraphs:
                 raise DraftwiseError("the row-invariant kernels need Triton (pip install triton), "
                                      "DRAFTWISE_TRITON unset, and CUDA or TRITON_INTERPRET=1")
         self.kernels = "triton" if model.rowinv is not None else "torch"
+        self._fallback = kernels == "auto"  # Triton kernels that fail fall back to torch's
 
     @property
     def max_rows(self) -> int:
@@ -156,7 +157,7 @@ class StepGraphs:
                 f"a step of {n1} rows at cache length {start} passes the {self.slots} slots"
             )
         if self.agree is None:
-            self.rows_agree(int(host[0, 0]), start)
+            self._first_step(int(host[0, 0]), start)
         b = self.bucket(n1)
         buf = self._buffer(b)
         pack = buf.host.numpy()  # (B, 3 + B), shares the (pinned) memory
@@ -181,6 +182,26 @@ class StepGraphs:
                 logits, argmax, x = self._compute(buf.dev)
             self.model.last_x = x[:n1]
             return logits[:n1], argmax[:n1]
+
+    def _first_step(self, token: int, start: int) -> None:
+        """``rows_agree`` at the first step, where the Triton kernels compile: if they
+        fail to (a GPU or Triton they do not support) and were chosen automatically, the
+        step falls back to torch's kernels, with a warning, before any output exists."""
+        try:
+            self.rows_agree(token, start)
+        except Exception as exc:
+            if self.kernels != "triton" or not self._fallback:
+                raise
+            import warnings
+
+            warnings.warn(
+                f"draftwise: the row-invariant Triton kernels failed ({type(exc).__name__}: "
+                f"{str(exc)[:200]}); using torch's kernels (DRAFTWISE_TRITON=0 skips them)",
+                RuntimeWarning, stacklevel=3,
+            )
+            self.model.rowinv, self.kernels = None, "torch"
+            self._bufs.clear()
+            self.rows_agree(token, start)
 
     def rows_agree(self, token: int, start: int) -> bool:
         """Are one row's logits bit-equal in every bucket (the row at the same position

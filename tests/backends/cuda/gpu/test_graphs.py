@@ -125,3 +125,33 @@ def test_buckets_whose_rows_differ_from_the_largest_are_dropped(model_dir):
     ok.verify(int(ids[10]), DraftTree.empty(), need_logits=False)
     # (CPU GEMMs of 1 and 4 rows take other kernels: there the buckets may disagree too)
     assert ok.graphs.agree == (ok.graphs.buckets == BUCKETS) and 64 in ok.graphs.buckets
+
+
+def test_kernels_that_fail_at_the_first_step_fall_back_to_torch(model_dir):
+    """Chosen automatically, row-invariant kernels that fail (a GPU or Triton they do
+    not support) leave the step to torch's kernels, with a warning, and the output is
+    the torch step's; asked for explicitly, the failure is raised."""
+    eager, fixed = _pair(model_dir)
+
+    class Broken:
+        def forward_fixed(self, *args):
+            raise RuntimeError("no kernel for this GPU")
+
+    ids = np.random.default_rng(2).integers(0, V, 30)
+    want = eager
+    want.prefill(ids[:20])
+    ref = want.verify(int(ids[20]), DraftTree.empty(), need_logits=True).logits
+    for explicit in (False, True):
+        fixed.reset()
+        fixed.graphs = StepGraphs(fixed.model)  # CPU: torch's kernels...
+        fixed.model.rowinv, fixed.graphs.kernels = Broken(), "triton"  # ...then Triton's, broken
+        fixed.graphs._fallback = not explicit
+        fixed.prefill(ids[:20])
+        if explicit:
+            with pytest.raises(RuntimeError, match="no kernel"):
+                fixed.verify(int(ids[20]), DraftTree.empty(), need_logits=True)
+            continue
+        with pytest.warns(RuntimeWarning, match="Triton kernels failed"):
+            got = fixed.verify(int(ids[20]), DraftTree.empty(), need_logits=True).logits
+        assert fixed.graphs.kernels == "torch" and fixed.model.rowinv is None
+        np.testing.assert_allclose(got, ref, atol=1e-4)
