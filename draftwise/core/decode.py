@@ -115,6 +115,7 @@ class Decoder:
         self.backend = backend
         self.cached: list[int] = []  # the tokens the backend's cache holds, in order
         self.prefilled = 0  # prompt tokens the last generation computed (the rest reused)
+        self._device_sampling = False  # this generation samples every row on the device
         # Saved cache prefixes (off unless set; see core/prefixes.py), looked up under
         # ``prefix_key``; with a store, another key's live cache is never reused either.
         self.prefixes: Prefixes | None = None
@@ -204,6 +205,11 @@ class Decoder:
                 background()
 
         hooked = background is not None and isinstance(self.backend, Overlapping)
+        # protocol checks once, not per step (each isinstance on a runtime-checkable
+        # protocol walks its attributes: ~10 us)
+        observer = not batched and isinstance(drafter, CostObserver)
+        self._device_sampling = (params.needs_logits and isinstance(self.backend, SamplingVerifier)
+                                 and self.backend.device_sampling)
         if hooked:
             self.backend.while_waiting = in_background  # type: ignore[union-attr]
         try:
@@ -234,7 +240,7 @@ class Decoder:
                     n_acc, n_drafted = len(path), len(tree)
                 t2 = time.perf_counter()
                 in_background()  # (a no-op where the verify ran it)
-                if not batched and isinstance(drafter, CostObserver):  # auto: costs learnt live
+                if observer:  # auto: costs learnt live
                     drafter.observe_verify(n_drafted + 1, n - 1, (t2 - t1) * 1e3)
                 if threads is not None:
                     self.threads.record(threads, n_drafted + 1, (t2 - t1) * 1e3)  # type: ignore[union-attr]
@@ -302,7 +308,7 @@ class Decoder:
         """One forward pass over the tree; commits the accepted path to the cache. ``u``:
         the uniforms of this step's tokens, ``u[d]`` for the token at depth ``d``."""
         backend = self.backend
-        if params.needs_logits and isinstance(backend, SamplingVerifier) and backend.device_sampling:
+        if params.needs_logits and self._device_sampling:
             # every row sampled on the device; descend as greedy over the sampled tokens
             window = params.repetition_context
             recent = recent_windows(context, tree.tokens, tree.parents, tree.depth, window)
