@@ -163,6 +163,7 @@ class AutoDrafter:
         # (full tree, root index, its acceptance cells) awaiting the tokens that judge it
         self._pending: deque[tuple[DraftTree, int, tuple[np.ndarray, ...]]] = deque()
         self._context: np.ndarray | None = None  # the last update's, for ``background``
+        self._bg_members = [m for m in self.members if isinstance(m, Background)]
         # per member: running ms of its proposals, and (gated members) the running log
         # of (tokens/ms with it) / (tokens/ms without it) on the steps it drafted in,
         # and the steps since it last drafted
@@ -338,9 +339,8 @@ class AutoDrafter:
         """Score pending trees once every node's fate is known (or 8 steps later): the
         acceptance model's bookkeeping, which the decoder runs while the device
         computes the next verify (a step's delay only changes what is drafted)."""
-        for m in self.members:
-            if isinstance(m, Background):
-                m.background()
+        for m in self._bg_members:
+            m.background()
         context = self._context
         if context is None:
             return

@@ -70,6 +70,7 @@ class CostModel:
         self._scale = np.ones(self.rows.size)  # (R,) measured / prior, per row count
         self._logr = np.log(self.rows)  # (R,)
         self._unapplied = 0  # observations since the curve was last re-derived
+        self._prior_dense: np.ndarray | None = None  # (C, R') the prior at 1..R' rows
 
     def wants_plain(self) -> bool:
         """Live timings correct the curve but none of a plain (one-row) step yet: the
@@ -95,7 +96,11 @@ class CostModel:
         if rows < 1 or not ms > 0:
             return
         j = int(np.argmin(np.abs(self._logr - np.log(rows))))  # nearest, in log rows
-        predicted = float(self._blend(self._curves_of(self.prior, np.asarray(float(rows))), context_len))
+        dense = self._prior_dense  # the prior sampled once at 1..R' rows (a per-step path)
+        if dense is None or dense.shape[1] < rows:
+            dense = self._curves_of(self.prior, np.arange(1, max(rows, 128) + 1, dtype=np.float64))
+            self._prior_dense = dense
+        predicted = float(self._blend(dense[:, rows - 1], context_len))
         self._ratios[j].append(ms / predicted)
         self._unapplied += 1
         # re-derive the curve every REFRESH steps (and when a row count first counts):
@@ -131,6 +136,7 @@ class CostModel:
     def rebase(self) -> None:
         """Take the corrected curve as the prior (after ``corrected()`` was stored)."""
         self.prior = self.ms.copy()
+        self._prior_dense = None
         for q in self._ratios:
             q.clear()
         self._scale = np.ones(self.rows.size)
