@@ -68,6 +68,12 @@ def config(n: int, k: int, sms: int = 132) -> MMConfig:
             raise DraftwiseError(
                 f"DRAFTWISE_MM_CONFIG must be 'bn,bk,warps,stages', got {env!r}"
             ) from None
+        pow2 = all(v >= 16 and v & (v - 1) == 0 for v in (bn, bk))
+        if not pow2 or warps not in (1, 2, 4, 8, 16) or not 1 <= stages <= 8:
+            raise DraftwiseError(
+                f"DRAFTWISE_MM_CONFIG={env!r}: bn and bk must be powers of two >= 16, warps "
+                "1-16 (a power of two), stages 1-8"
+            )
         return MMConfig(bn, bk, warps, stages)
     for bn in (64, 32):
         if n // bn >= 2 * sms:
@@ -112,7 +118,10 @@ class RowInvariant:
         ``TRITON_INTERPRET=1`` set before anything imports Triton: the tests), None where
         they do not apply: no Triton, ``DRAFTWISE_TRITON=0``, or a model they do not
         cover (``supported``)."""
-        if os.environ.get("DRAFTWISE_TRITON", "1") == "0":
+        choice = os.environ.get("DRAFTWISE_TRITON", "1")
+        if choice not in ("0", "1"):
+            raise DraftwiseError(f"DRAFTWISE_TRITON must be 0 or 1, got {choice!r}")
+        if choice == "0":
             return None
         interpret = os.environ.get("TRITON_INTERPRET") == "1"
         if model.device.type != "cuda" and not interpret:

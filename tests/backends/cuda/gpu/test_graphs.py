@@ -155,3 +155,19 @@ def test_kernels_that_fail_at_the_first_step_fall_back_to_torch(model_dir):
             got = fixed.verify(int(ids[20]), DraftTree.empty(), need_logits=True).logits
         assert fixed.graphs.kernels == "torch" and fixed.model.rowinv is None
         np.testing.assert_allclose(got, ref, atol=1e-4)
+
+
+def test_the_triton_switches_are_checked(monkeypatch, model_dir):
+    """Bad values of the kernel switches are refused with the value named."""
+    from draftwise.backends.cuda.gpu.rowinv import RowInvariant, config
+
+    _, fixed = _pair(model_dir)
+    monkeypatch.setenv("DRAFTWISE_TRITON", "off")
+    with pytest.raises(DraftwiseError, match="DRAFTWISE_TRITON must be 0 or 1, got 'off'"):
+        RowInvariant.build(fixed.model)
+    for bad in ("16,256", "12,256,4,4", "16,256,3,4", "16,256,4,0"):
+        monkeypatch.setenv("DRAFTWISE_MM_CONFIG", bad)
+        with pytest.raises(DraftwiseError, match="DRAFTWISE_MM_CONFIG"):
+            config(4096, 4096)
+    monkeypatch.setenv("DRAFTWISE_MM_CONFIG", "32,128,8,3")
+    assert (config(4096, 4096).bn, config(4096, 4096).warps) == (32, 8)
