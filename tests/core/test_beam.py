@@ -172,3 +172,27 @@ def test_bad_arguments() -> None:
         beam_search(lambda t, p: np.zeros((1, 2)), 0, 0, 2)
     with pytest.raises(DraftwiseError, match="log-probs"):
         beam_search(lambda t, p: np.zeros(2), 0, 2, 2)
+
+
+@pytest.mark.parametrize("budget", [None, 0, 1, 3, 5, 9])
+def test_a_chain_takes_the_short_path_to_the_same_tree(budget, monkeypatch) -> None:
+    """One beam with nothing pruned (a ReDrafter chain) skips the trie: the same tree,
+    probabilities, paths and counts as the general path; a positive log-prob (rounding)
+    falls back to the general path."""
+    import draftwise.core.beam as beam
+
+    net = TableRNN(vocab=7, seed=3)
+    beams = beam_search(net.step, 2, 1, 5)
+    fast = dedup_beams(beams, budget, pruned=True)
+    monkeypatch.setattr(beam, "_chain_tree", lambda b, budget: None)
+    slow = dedup_beams(beams, budget, pruned=True)
+    assert fast.tree.tokens.tolist() == slow.tree.tokens.tolist()
+    assert fast.tree.parents.tolist() == slow.tree.parents.tolist()
+    assert fast.tree.depth.tolist() == slow.tree.depth.tolist()
+    np.testing.assert_array_equal(fast.tree.prob, slow.tree.prob)
+    np.testing.assert_allclose(fast.path_logp, slow.path_logp, rtol=1e-12)
+    np.testing.assert_array_equal(fast.logp, slow.logp)
+    assert (fast.packed, fast.unpacked) == (slow.packed, slow.unpacked)
+    monkeypatch.undo()
+    up = Beams(beams.tokens, np.abs(beams.logp), beams.score, beams.pruned)
+    assert beam._chain_tree(up, budget) is None
