@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import torch
 
 _seen = threading.local()  # the last slot table found in range, per thread
@@ -72,16 +73,19 @@ def check_slots(
     if seen is not None and seen[0] is extra and seen[1] is n_extra and seen[2] == key:
         return  # this table, unchanged, was checked for this cache size (another layer)
     if t:
-        counts = n_extra.to(torch.int64)  # (T,)
+        # numpy views of the CPU tensors: a per-step path, where each small torch op
+        # cost several microseconds more than numpy's
+        counts = n_extra.numpy()  # (T,) int32
         if int(counts.min()) < 0 or int(counts.max()) > e:
             raise ValueError(f"n_extra holds counts outside 0..{e}")
         if e:
-            used = torch.arange(e) < counts[:, None]  # (T, E)
-            bad = used & ((extra < 0) | (extra >= tmax))
-            if bool(bad.any()):
-                i, j = (int(v) for v in bad.nonzero()[0])
+            slots = extra.numpy()  # (T, E) int64
+            used = np.arange(e) < counts[:, None]  # (T, E)
+            bad = used & ((slots < 0) | (slots >= tmax))
+            if bad.any():
+                i, j = (int(v) for v in np.argwhere(bad)[0])
                 raise ValueError(
-                    f"slot extra[{i}, {j}] = {int(extra[i, j])} outside the cache's 0..{tmax - 1}"
+                    f"slot extra[{i}, {j}] = {int(slots[i, j])} outside the cache's 0..{tmax - 1}"
                 )
     _seen.last = (extra, n_extra, key)  # holds them: their ids cannot be reused meanwhile
 
@@ -89,6 +93,8 @@ def check_slots(
 def _version(t: torch.Tensor) -> int:
     """The in-place write counter; -1 for inference tensors, which have none (the plans
     built under ``torch.inference_mode`` are made per step and never written after)."""
+    if t.is_inference():  # asking raises, and an exception costs ~20 us a call
+        return -1
     try:
         return t._version
     except RuntimeError:
