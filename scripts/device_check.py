@@ -197,8 +197,28 @@ class Check:
                 torch_ms = [round(float(x), 3) for x in tcost.ms[0]]
                 torch_buckets = list(be.graphs.buckets)
                 be.graphs, be.model.rowinv = graphs, fast
+            bm64_ms, bm64_agree = None, None
+            if graphs.kernels == "triton" and shape == self.args.shapes[-1]:
+                # the same step with 64-row GEMM tiles (DRAFTWISE_MM_BM=64): a 64-row tree
+                # reads each weight once; every bucket must still give a row the same bits
+                from draftwise.backends.cuda.gpu.graphs import StepGraphs
+
+                fast = be.model.rowinv
+                os.environ["DRAFTWISE_MM_BM"] = "64"
+                try:
+                    be.graphs = StepGraphs(be.model, kernels="triton")
+                    bcost = measure_cost_curve(be, rows=self.args.rows, contexts=(self.args.context,),
+                                               reps=self.args.reps)
+                    bm64_ms = [round(float(x), 3) for x in bcost.ms[0]]
+                    bm64_agree = [be.graphs.agree, list(be.graphs.buckets)]  # asked at the first step
+                except Exception as exc:  # reported, the rest of the run goes on
+                    bm64_ms = f"{type(exc).__name__}: {exc}"[:300]
+                finally:
+                    del os.environ["DRAFTWISE_MM_BM"]
+                    be.graphs, be.model.rowinv = graphs, fast
             one = ms[0]
             out[shape] = {"rows": list(self.args.rows), "graph_ms": ms, "eager_ms": eager_ms,
+                          "bm64_graph_ms": bm64_ms, "bm64_rows_agree": bm64_agree,
                           "weight_GB": round(weight_bytes / 1e9, 2), "floor_ms": round(floor, 3),
                           "buckets": list(graphs.buckets), "rows_agree": graphs.agree,
                           "kernels": graphs.kernels, "torch_graph_ms": torch_ms,
@@ -212,6 +232,11 @@ class Check:
             if torch_ms:
                 self.rows.append((f"graphs {shape}, torch kernels", " / ".join(f"{m:.2f}" for m in torch_ms)
                                   + f" ms (buckets {torch_buckets})"))
+            if isinstance(bm64_ms, list):
+                self.rows.append((f"graphs {shape}, 64-row tiles", " / ".join(f"{m:.2f}" for m in bm64_ms)
+                                  + f" ms (rows agree, buckets kept: {bm64_agree})"))
+            elif bm64_ms:
+                self.rows.append((f"graphs {shape}, 64-row tiles", bm64_ms))
             self.rows.append((f"eager {shape}", " / ".join(f"{m:.2f}" for m in eager_ms) + " ms"))
             del be
             if self.device.type == "cuda":
@@ -241,7 +266,8 @@ class Check:
                   "head": (c["vocab_size"], hid, False)}
         l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
         sweep = [MMConfig(*t) for t in ((16, 256, 4, 4), (32, 128, 4, 4), (32, 128, 8, 3), (64, 128, 4, 4),
-                                         (64, 128, 8, 5))]
+                                         (64, 128, 8, 5), (16, 256, 4, 4, 64), (32, 128, 4, 4, 64),
+                                         (64, 128, 4, 4, 64), (64, 128, 8, 3, 64), (128, 64, 8, 3, 64))]
 
         def timed(fn: Callable[[Any], Any], ws: list[Any]) -> float:
             for w in ws[:2]:
@@ -273,14 +299,18 @@ class Check:
                 row[f"m{m}"] = {"torch_ms": round(t_torch, 4), "triton_ms": round(t_tri, 4),
                                 "torch_GBps": round(nbytes / t_torch / 1e6), "triton_GBps": round(nbytes / t_tri / 1e6)}
             x = torch.randn(1, k, device=self.device, dtype=torch.bfloat16)
+            x64 = torch.randn(64, k, device=self.device, dtype=torch.bfloat16)
             best = None
             for cfg in sweep:
                 try:
                     t = timed(lambda w, x=x, cfg=cfg: ri.mm(x, w, glu=glu, cfg=cfg), ws)
+                    t64 = timed(lambda w, cfg=cfg: ri.mm(x64, w, glu=glu, cfg=cfg), ws)
                 except Exception as exc:  # a config this Triton cannot compile
                     row.setdefault("sweep_errors", []).append(f"{vars(cfg)}: {type(exc).__name__}")
                     continue
-                row.setdefault("sweep_m1", []).append([cfg.bn, cfg.bk, cfg.warps, cfg.stages, round(t, 4)])
+                # [bn, bk, warps, stages, bm, ms at 1 row, ms at 64 rows]
+                row.setdefault("sweep", []).append([cfg.bn, cfg.bk, cfg.warps, cfg.stages, cfg.bm,
+                                                    round(t, 4), round(t64, 4)])
                 if best is None or t < best[1]:
                     best = (cfg, t)
             if best is not None:

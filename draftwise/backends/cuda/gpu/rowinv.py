@@ -33,20 +33,23 @@ import torch
 
 from draftwise.errors import DraftwiseError
 
-BM = 16  # rows per tile: fixed, so a row's arithmetic never depends on the row count
+BM = 16  # rows per tile by default: fixed, so a row's arithmetic never depends on the row count
+BMS = (16, 32, 64)  # the tile heights DRAFTWISE_MM_BM may choose (one for every call)
 ACTS = {"silu": 1, "gelu_pytorch_tanh": 2}
 
 
 @dataclass(frozen=True)
 class MMConfig:
-    """One GEMM's tiles: ``bn`` outputs and ``bk`` of the reduction a step, launched
-    with ``warps`` warps and ``stages`` pipeline stages. Only ``bk`` changes a row's
-    rounding; all four depend on (N, K) only, never on the row count."""
+    """One GEMM's tiles: ``bm`` rows, ``bn`` outputs and ``bk`` of the reduction a step,
+    launched with ``warps`` warps and ``stages`` pipeline stages. ``bk`` (and, on a GPU,
+    ``bm``: the matrix instructions' shape) may change a row's rounding; all five depend
+    on (N, K) and the environment only, never on the row count."""
 
     bn: int
     bk: int
     warps: int = 4
     stages: int = 4
+    bm: int = BM
 
 
 def config(n: int, k: int, sms: int = 132) -> MMConfig:
@@ -55,11 +58,15 @@ def config(n: int, k: int, sms: int = 132) -> MMConfig:
     an H200 inside the Llama-3.1-8B one-row step these read the weights at 83% of the
     copy bandwidth; 64x128 / 32x128 tiles everywhere (the best of a sweep of each layer
     timed alone) gave less in the step. ``DRAFTWISE_MM_CONFIG=bn,bk,warps,stages``
-    overrides (for sweeps).
+    overrides (for sweeps); ``DRAFTWISE_MM_BM`` (16, 32 or 64) sets the tile height of
+    every GEMM: a 64-row tile reads each weight once for a 64-row tree, where 16-row
+    tiles read it four times (the 8B step: 14.3 ms at 64 rows against 5.9 at one,
+    bench/results/gpu-nvidia-h200), at the cost of 64 rows of matrix work at one row.
 
     >>> config(4096, 14336)
-    MMConfig(bn=16, bk=256, warps=4, stages=4)
+    MMConfig(bn=16, bk=256, warps=4, stages=4, bm=16)
     """
+    bm = _bm_from_env()
     env = os.environ.get("DRAFTWISE_MM_CONFIG")
     if env:
         try:
@@ -74,11 +81,23 @@ def config(n: int, k: int, sms: int = 132) -> MMConfig:
                 f"DRAFTWISE_MM_CONFIG={env!r}: bn and bk must be powers of two >= 16, warps "
                 "1-16 (a power of two), stages 1-8"
             )
-        return MMConfig(bn, bk, warps, stages)
+        return MMConfig(bn, bk, warps, stages, bm)
     for bn in (64, 32):
         if n // bn >= 2 * sms:
-            return MMConfig(bn, 128 if bn == 64 else 256)
-    return MMConfig(16, 256)
+            return MMConfig(bn, 128 if bn == 64 else 256, bm=bm)
+    return MMConfig(16, 256, bm=bm)
+
+
+def _bm_from_env() -> int:
+    """``DRAFTWISE_MM_BM``: the GEMM tile height, checked (default ``BM``)."""
+    env = os.environ.get("DRAFTWISE_MM_BM", "").strip()
+    if not env:
+        return BM
+    if env not in {str(b) for b in BMS}:
+        raise DraftwiseError(
+            f"DRAFTWISE_MM_BM must be one of {', '.join(map(str, BMS))}, got {env!r}"
+        )
+    return int(env)
 
 
 class RowInvariant:
@@ -174,7 +193,7 @@ class RowInvariant:
         c = cfg or self._cfg.get((n, k))
         if c is None:
             c = self._cfg[(n, k)] = config(n, k, self.sms)
-        grid = (triton_cdiv(m, BM) * triton_cdiv(n, c.bn),)
+        grid = (triton_cdiv(m, c.bm) * triton_cdiv(n, c.bn),)
         self.k._mm[grid](
             x,
             w,
@@ -199,7 +218,7 @@ class RowInvariant:
             HAS_RES=res is not None,
             EVEN_K=k % c.bk == 0,
             UPCAST=self.interpret,
-            BM=BM,
+            BM=c.bm,
             BN=c.bn,
             BK=c.bk,
             num_warps=c.warps,

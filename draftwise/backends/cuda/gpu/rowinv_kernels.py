@@ -6,7 +6,8 @@ split-K kernel at some row counts, and a row's logits then round differently in 
 every step had to run the 64-row bucket (7.1 ms against a 3.65 ms bandwidth floor).
 These kernels fix the reduction order by construction, as batch-invariant kernels do:
 
-- ``_mm``: ``x (M, K) @ w (N, K).T`` in tiles of ``BM`` = 16 rows. Each program owns
+- ``_mm``: ``x (M, K) @ w (N, K).T`` in tiles of ``BM`` rows (16; ``DRAFTWISE_MM_BM``
+  may set 32 or 64 for every call, ``rowinv.config``). Each program owns
   one row tile and ``BN`` outputs and walks K in ``BK`` steps, always in the same order,
   with the same tile shapes whatever M is: a row's sum is the same sequence of float32
   additions in a 1-row call as in a 64-row one (the padding rows are zeros, and rows

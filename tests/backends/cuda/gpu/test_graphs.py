@@ -171,3 +171,13 @@ def test_the_triton_switches_are_checked(monkeypatch, model_dir):
             config(4096, 4096)
     monkeypatch.setenv("DRAFTWISE_MM_CONFIG", "32,128,8,3")
     assert (config(4096, 4096).bn, config(4096, 4096).warps) == (32, 8)
+    for bad in ("8", "48", "sixty-four", "128"):
+        monkeypatch.setenv("DRAFTWISE_MM_BM", bad)
+        with pytest.raises(DraftwiseError, match=f"DRAFTWISE_MM_BM must be one of 16, 32, 64, got '{bad}'"):
+            config(4096, 4096)
+    monkeypatch.setenv("DRAFTWISE_MM_BM", "64")
+    assert config(4096, 4096).bm == 64 == config(14336, 4096).bm  # every GEMM, any shape
+    monkeypatch.delenv("DRAFTWISE_MM_CONFIG")
+    assert config(4096, 4096).bm == 64
+    monkeypatch.delenv("DRAFTWISE_MM_BM")
+    assert config(4096, 4096).bm == 16

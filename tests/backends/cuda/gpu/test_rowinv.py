@@ -74,6 +74,12 @@ def test_the_gemm_and_its_epilogues_compute_what_torch_does(k):
     ri = _kernels()
     x, w, res, b = torch.randn(5, k), torch.randn(40, k), torch.randn(5, 40), torch.randn(40)
     torch.testing.assert_close(ri.mm(x, w), x @ w.T, atol=2e-5, rtol=1e-5)
+    from draftwise.backends.cuda.gpu.rowinv import MMConfig
+
+    for bm in (32, 64):  # DRAFTWISE_MM_BM's taller tiles: 5 rows in one, masked
+        tall = MMConfig(bn=16, bk=32, bm=bm)
+        torch.testing.assert_close(ri.mm(x, w, cfg=tall), x @ w.T, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(ri.mm(x[:1], w, cfg=tall), x[:1] @ w.T, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(
         ri.mm(x, w, bias=b, res=res), res + x @ w.T + b, atol=2e-5, rtol=1e-5
     )
