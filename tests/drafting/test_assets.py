@@ -29,7 +29,10 @@ def make_assets(tmp_path, be=None, resets=None):
     return Assets(be, tmp_path / "model", "tok", on_backend_reset=hook, root=tmp_path / "cache")
 
 
-def test_cost_profile_measured_once_stored_and_reused(tmp_path):
+def test_cost_profile_measured_once_stored_and_reused(tmp_path, monkeypatch):
+    # a fake's microsecond verifies may cost less for more rows on a busy machine: such a
+    # curve is measured again on load (test_costmodel.py's test); here reuse is asserted
+    monkeypatch.setattr("draftwise.core.costmodel.CostModel.plausible", lambda self: True)
     resets: list[int] = []
     assets = make_assets(tmp_path, resets=resets)
     assert not assets.ready(COST_PROFILE)
