@@ -4,8 +4,9 @@
 
 The stored curve is a prior: ``observe`` takes each verify's measured time (the decoder
 times every step anyway) and keeps, per row count of the curve, the running median of
-measured / predicted over the last ``WINDOW`` steps; the curve planned with is the prior
-scaled by those medians (a row count not seen yet takes them interpolated between its
+measured / predicted over its last ``WINDOW`` steps that are among the last ``FRESH``
+verifies of any size (so every correction is of the same recent time); the curve planned
+with is the prior scaled by those medians (a row count not seen yet takes them interpolated between its
 seen neighbours, or the nearest one's), made non-decreasing in rows; ``wants_plain``
 asks the planner for the plain steps it would otherwise never time. A curve measured on
 a busy machine (8 rows "cheaper" than 1) is thereby corrected within a few steps of each
@@ -40,8 +41,16 @@ from draftwise.errors import DraftwiseError
 
 WINDOW = 15  # recent steps per row count whose median corrects the prior
 MIN_SEEN = 5  # steps of a row count before its correction applies
+# a row count's timings count only while they are among the last FRESH verifies of any
+# size: the machine's speed changes (a busy core, a slowed VM), and a correction kept
+# from long ago beside a recent one gives the curve a shape neither time had (seen: a
+# stored curve corrected to 2.5 / 6.9 ms at 1 / 2 rows, its one-row timings hours older)
+FRESH = 256
 DRIFT = 2.0  # live / stored beyond this (or below its inverse): the stored curve is stale
 NOISE = 0.8  # a stored curve may dip by this factor with more rows (noise), no further
+# the corrected curve grows at most this much faster than the rows: r rows in one pass
+# cost about r passes of one at most (a 4bit CPU curve: 2.06x from 32 to 64 rows)
+STEEP = 1.25
 REFRESH = 8  # observations between re-derivations of the corrected curve
 
 
@@ -66,7 +75,11 @@ class CostModel:
         if self.rows.size < 2 or np.any(np.diff(self.rows) <= 0) or np.any(self.ms <= 0):
             raise DraftwiseError("a cost curve needs >= 2 increasing row counts and positive times")
         self.prior = self.ms  # (C, R) as stored or measured
-        self._ratios = [deque(maxlen=WINDOW) for _ in range(self.rows.size)]  # per row count
+        # per row count: (verify number, measured / predicted) of its last WINDOW verifies
+        self._ratios: list[deque[tuple[int, float]]] = [
+            deque(maxlen=WINDOW) for _ in range(self.rows.size)
+        ]
+        self._count = 0  # verifies observed
         self._scale = np.ones(self.rows.size)  # (R,) measured / prior, per row count
         self._logr = np.log(self.rows)  # (R,)
         self._unapplied = 0  # observations since the curve was last re-derived
@@ -77,7 +90,7 @@ class CostModel:
         planner should verify one now and then (it never would while trees look cheap,
         and without it drafting is priced against a guess)."""
         seen = any(len(q) >= MIN_SEEN for q in self._ratios[1:])
-        return seen and len(self._ratios[0]) < MIN_SEEN
+        return seen and len(self._ratios[0]) < MIN_SEEN  # ever seen (not only lately)
 
     def plausible(self) -> bool:
         """Whether the curve could be a quiet machine's: never much cheaper with more
@@ -101,17 +114,19 @@ class CostModel:
             dense = self._curves_of(self.prior, np.arange(1, max(rows, 128) + 1, dtype=np.float64))
             self._prior_dense = dense
         predicted = float(self._blend(dense[:, rows - 1], context_len))
-        self._ratios[j].append(ms / predicted)
+        self._count += 1
+        self._ratios[j].append((self._count, ms / predicted))
         self._unapplied += 1
         # re-derive the curve every REFRESH steps (and when a row count first counts):
         # a per-step hot path, and medians of 15 move slowly anyway
         if self._unapplied < REFRESH and len(self._ratios[j]) != MIN_SEEN:
             return
         self._unapplied = 0
-        seen = [i for i, q in enumerate(self._ratios) if len(q) >= MIN_SEEN]
+        fresh = self._fresh()
+        seen = [i for i, r in enumerate(fresh) if len(r) >= MIN_SEEN]
         if not seen:
             return
-        med = {i: float(np.median(self._ratios[i])) for i in seen}
+        med = {i: float(np.median(fresh[i])) for i in seen}
         logr = self._logr
         for i in range(self.rows.size):
             lo = max((k for k in seen if k <= i), default=None)
@@ -121,15 +136,25 @@ class CostModel:
             else:  # between two seen row counts: interpolated in log rows
                 w = (logr[i] - logr[lo]) / (logr[hi] - logr[lo])
                 self._scale[i] = (1 - w) * med[lo] + w * med[hi]
-        # corrected, then non-decreasing in rows: more rows never cost less
-        self.ms = np.maximum.accumulate(self.prior * self._scale[None, :], axis=1)
+        # corrected, then non-decreasing in rows (more rows never cost less) and growing
+        # at most STEEP x in proportion to them
+        ms = np.maximum.accumulate(self.prior * self._scale[None, :], axis=1)
+        grow = STEEP * self.rows[1:] / self.rows[:-1]  # (R-1,)
+        for k in range(1, ms.shape[1]):
+            ms[:, k] = np.minimum(ms[:, k], grow[k - 1] * ms[:, k - 1])
+        self.ms = ms
         self._dense = None
+
+    def _fresh(self) -> list[list[float]]:
+        """Per row count, its ratios among the last ``FRESH`` verifies of any size."""
+        oldest = self._count - FRESH
+        return [[r for n, r in q if n > oldest] for q in self._ratios]
 
     @property
     def drifted(self) -> bool:
         """Live timings disagree with the stored curve by more than ``DRIFT`` at some
         row count seen ``MIN_SEEN`` times, or the stored curve is implausible."""
-        seen = [i for i, q in enumerate(self._ratios) if len(q) >= MIN_SEEN]
+        seen = [i for i, r in enumerate(self._fresh()) if len(r) >= MIN_SEEN]
         far = any(not 1 / DRIFT <= self._scale[i] <= DRIFT for i in seen)
         return far or (bool(seen) and not self.plausible())
 

@@ -134,3 +134,36 @@ def test_a_drifted_profile_is_replaced_and_a_given_one_never_written(tmp_path):
         given.observe(1, 100, live(rng, 1))
     before = path.read_text()
     assert given.drifted and assets.replace_drifted() == [] and path.read_text() == before
+
+
+def test_old_timings_of_one_size_age_out_beside_recent_ones_of_another():
+    """The machine slowed 2x after the plain steps were timed: once those are older than
+    ``FRESH`` verifies, one row takes the recent two-row correction too, and the curve
+    keeps its shape (a kept stale correction made a stored 4bit curve 2.5 / 6.9 ms at
+    1 / 2 rows), where it would otherwise price a second row at 2.1x the first."""
+    from draftwise.core.costmodel import FRESH, MIN_SEEN
+
+    cm = CostModel(ROWS, TRUE, contexts=[256])
+    for _ in range(MIN_SEEN + 2):
+        cm.observe(1, 256, TRUE[0])  # quiet: as the prior says
+    for _ in range(FRESH // 2):
+        cm.observe(2, 256, 2 * TRUE[1])  # slow now
+    mid = cm.cost(np.array([1, 2]), 256)
+    assert mid[1] / mid[0] > 1.9  # the two corrections are of different times
+    for _ in range(FRESH):
+        cm.observe(2, 256, 2 * TRUE[1])
+    got = cm.cost(np.array([1, 2, 4]), 256)
+    np.testing.assert_allclose(got, [2 * t for t in TRUE[:3]], rtol=1e-6)
+    assert not cm.wants_plain()  # one row was timed once: no more plain steps asked for
+
+
+def test_the_corrected_curve_grows_no_faster_than_the_rows_allow():
+    """A prior of the wrong shape (a second row at 2.7x the first) corrected only at
+    one row stays within ``STEEP`` x proportional growth."""
+    from draftwise.core.costmodel import STEEP
+
+    cm = CostModel(ROWS, [2.54, 6.91, 6.91, 11.04, 20.07], contexts=[256])
+    for _ in range(8):
+        cm.observe(1, 256, 2.54)
+    got = cm.cost(np.array(ROWS), 256)
+    assert np.all(got[1:] <= STEEP * 2 * got[:-1] + 1e-9) and got[1] < 6.91
