@@ -35,6 +35,13 @@ import sys
 import tempfile
 import time
 import traceback
+
+# the curves section's extra runs of the largest shape's Triton step (environment switches)
+VARIANTS = {
+    "64-row tiles": {"DRAFTWISE_MM_BM": "64"},
+    "attention kernel": {"DRAFTWISE_TRITON_ATTN": "1"},
+    "attention kernel + 64-row tiles": {"DRAFTWISE_TRITON_ATTN": "1", "DRAFTWISE_MM_BM": "64"},
+}
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -197,28 +204,31 @@ class Check:
                 torch_ms = [round(float(x), 3) for x in tcost.ms[0]]
                 torch_buckets = list(be.graphs.buckets)
                 be.graphs, be.model.rowinv = graphs, fast
-            bm64_ms, bm64_agree = None, None
+            variants: dict[str, Any] = {}
             if graphs.kernels == "triton" and shape == self.args.shapes[-1]:
-                # the same step with 64-row GEMM tiles (DRAFTWISE_MM_BM=64): a 64-row tree
-                # reads each weight once; every bucket must still give a row the same bits
+                # the same step with 64-row GEMM tiles (a 64-row tree reads each weight once)
+                # and/or the attention kernel in place of SDPA; every bucket must still give
+                # a row the same bits (asked at the first step: rows_agree)
                 from draftwise.backends.cuda.gpu.graphs import StepGraphs
 
                 fast = be.model.rowinv
-                os.environ["DRAFTWISE_MM_BM"] = "64"
-                try:
-                    be.graphs = StepGraphs(be.model, kernels="triton")
-                    bcost = measure_cost_curve(be, rows=self.args.rows, contexts=(self.args.context,),
-                                               reps=self.args.reps)
-                    bm64_ms = [round(float(x), 3) for x in bcost.ms[0]]
-                    bm64_agree = [be.graphs.agree, list(be.graphs.buckets)]  # asked at the first step
-                except Exception as exc:  # reported, the rest of the run goes on
-                    bm64_ms = f"{type(exc).__name__}: {exc}"[:300]
-                finally:
-                    del os.environ["DRAFTWISE_MM_BM"]
-                    be.graphs, be.model.rowinv = graphs, fast
+                for name, env in VARIANTS.items():
+                    os.environ.update(env)
+                    try:
+                        be.graphs = StepGraphs(be.model, kernels="triton")
+                        vcost = measure_cost_curve(be, rows=self.args.rows, contexts=(self.args.context,),
+                                                   reps=self.args.reps)
+                        variants[name] = {"graph_ms": [round(float(x), 3) for x in vcost.ms[0]],
+                                          "rows_agree": be.graphs.agree, "buckets": list(be.graphs.buckets)}
+                    except Exception as exc:  # reported, the rest of the run goes on
+                        variants[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                    finally:
+                        for key in env:
+                            del os.environ[key]
+                        be.graphs, be.model.rowinv = graphs, fast
             one = ms[0]
             out[shape] = {"rows": list(self.args.rows), "graph_ms": ms, "eager_ms": eager_ms,
-                          "bm64_graph_ms": bm64_ms, "bm64_rows_agree": bm64_agree,
+                          "variants": variants,
                           "weight_GB": round(weight_bytes / 1e9, 2), "floor_ms": round(floor, 3),
                           "buckets": list(graphs.buckets), "rows_agree": graphs.agree,
                           "kernels": graphs.kernels, "torch_graph_ms": torch_ms,
@@ -232,11 +242,10 @@ class Check:
             if torch_ms:
                 self.rows.append((f"graphs {shape}, torch kernels", " / ".join(f"{m:.2f}" for m in torch_ms)
                                   + f" ms (buckets {torch_buckets})"))
-            if isinstance(bm64_ms, list):
-                self.rows.append((f"graphs {shape}, 64-row tiles", " / ".join(f"{m:.2f}" for m in bm64_ms)
-                                  + f" ms (rows agree, buckets kept: {bm64_agree})"))
-            elif bm64_ms:
-                self.rows.append((f"graphs {shape}, 64-row tiles", bm64_ms))
+            for name, v in variants.items():
+                self.rows.append((f"graphs {shape}, {name}", v.get("error") or (
+                    " / ".join(f"{m:.2f}" for m in v["graph_ms"])
+                    + f" ms (rows agree: {v['rows_agree']}, buckets {v['buckets']})")))
             self.rows.append((f"eager {shape}", " / ".join(f"{m:.2f}" for m in eager_ms) + " ms"))
             del be
             if self.device.type == "cuda":

@@ -36,6 +36,7 @@ from draftwise.errors import DraftwiseError
 BM = 16  # rows per tile by default: fixed, so a row's arithmetic never depends on the row count
 BMS = (16, 32, 64)  # the tile heights DRAFTWISE_MM_BM may choose (one for every call)
 ACTS = {"silu": 1, "gelu_pytorch_tanh": 2}
+ATTN_BS = 64  # cache slots per block of the attention kernel (fixed: the softmax's order)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,13 @@ class RowInvariant:
             else 132
         )
         self._cfg: dict[tuple[int, int], MMConfig] = {}
+        # the attention kernel instead of SDPA: measured on an H200 inside a step that also
+        # folded the norms into the GEMMs, 0.19 ms less than SDPA a one-row step of the 8B
+        # shape (commit dcf10ee); alone it is still to be timed (device_check.py curves)
+        choice = os.environ.get("DRAFTWISE_TRITON_ATTN", "0")
+        if choice not in ("0", "1"):
+            raise DraftwiseError(f"DRAFTWISE_TRITON_ATTN must be 0 or 1, got {choice!r}")
+        self.attn = choice == "1"
 
     @classmethod
     def supported(cls, model: Any) -> str | None:
@@ -273,6 +281,49 @@ class RowInvariant:
         )
         return q
 
+    def attend(self, q: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Attention of ``q`` (1, H_kv, rep B, D) (``rope_kv``'s) over every slot of ``kv``
+        (2, H_kv, S, D) under ``bias`` (B, S) additive -> (B, H D), the layout the output
+        projection reads as plain rows."""
+        cfg = self.model.cfg
+        _, g, r, d = q.shape
+        b, s = bias.shape[0], kv.shape[2]
+        if bias.shape[1] != s or r % b:
+            raise DraftwiseError(f"attention bias {tuple(bias.shape)} for {r} query rows over {s} slots")
+        rep = r // b
+        out = torch.empty((b, g * rep * d), dtype=q.dtype, device=q.device)  # (B, H D)
+        if bias.stride(-1) != 1:
+            bias = bias.contiguous()
+        assert q.stride(-1) == 1 and kv.stride(-1) == 1
+        scale = cfg.attn_scale if cfg.attn_scale is not None else d**-0.5
+        cap = cfg.attn_softcap
+        self.k._attn[(g, triton_cdiv(r, BM))](
+            q,
+            kv,
+            bias,
+            out,
+            b,
+            r,
+            q.stride(1),
+            q.stride(2),
+            kv.stride(0),
+            kv.stride(1),
+            kv.stride(2),
+            bias.stride(0),
+            out.stride(0),
+            float(scale),
+            float(cap or 1.0),
+            S=s,
+            D=d,
+            REP=rep,
+            BD=max(16, triton_next_pow2(d)),
+            BQ=BM,
+            BS=ATTN_BS,
+            SOFTCAP=cap is not None,
+            UPCAST=self.interpret,
+        )
+        return out
+
     # ----- the step -------------------------------------------------------------------
     def forward_fixed(
         self,
@@ -288,7 +339,8 @@ class RowInvariant:
         t = tokens.shape[0]
         h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         rep = model.n_rep
-        bias = bias.to(model.dtype).repeat(rep, 1)  # (rep B, S)
+        rows_bias, rows_local = bias, local  # (B, S): the attention kernel's
+        bias = bias.to(model.dtype).repeat(rep, 1)  # (rep B, S): SDPA's
         if local is not None:
             local = local.to(model.dtype).repeat(rep, 1)  # (rep B, S)
         x = model.embed_rows(tokens)  # (B, C)
@@ -302,14 +354,20 @@ class RowInvariant:
             cos, _ = model.ropes[layer.rope]
             kv = model.cache[li]  # (2, H_kv, S, D)
             q = self.rope_kv(qk, v, cos, model.sins_signed[layer.rope], positions, slots, kv)
-            mask = local if layer.window and local is not None else bias
-            o = model.attention(
-                q, kv[0].unsqueeze(0), kv[1].unsqueeze(0), mask
-            )  # (1, H_kv, rep B, D)
+            windowed = layer.window and local is not None
+            if self.attn:
+                o = self.attend(q, kv, rows_local if windowed else rows_bias)  # (B, H D)
+                heads, rows = None, None
+            else:
+                mask = local if windowed else bias
+                o = model.attention(
+                    q, kv[0].unsqueeze(0), kv[1].unsqueeze(0), mask
+                )  # (1, H_kv, rep B, D)
+                heads, rows = (d, rep), t
             if layer.post_attn_norm is None:
-                x = self.mm(o, layer.wo, res=x, heads=(d, rep), rows=t)  # (B, C)
+                x = self.mm(o, layer.wo, res=x, heads=heads, rows=rows)  # (B, C)
             else:  # gemma: the norm comes between the projection and the residual
-                a = self.mm(o, layer.wo, heads=(d, rep), rows=t)
+                a = self.mm(o, layer.wo, heads=heads, rows=rows)
                 x = x + model.norm_rows(a, layer.post_attn_norm)
             hn = model.norm_rows(x, layer.mlp_norm)  # (B, C)
             g = self.mm(hn, layer.w13, glu=True)  # (B, F)

@@ -16,6 +16,10 @@ These kernels fix the reduction order by construction, as batch-invariant kernel
   gated MLP's ``act(gate) * up`` (``w`` holds the gate rows, then the up rows), and the
   residual add. The input may be attention's output in its grouped-heads layout
   (``A_HEADS``), so no copy precedes the output projection.
+- ``_attn`` (``DRAFTWISE_TRITON_ATTN=1``; SDPA by default until a GPU has timed it):
+  attention over every cache slot in fixed slot blocks with an online softmax, each
+  query row alone (its bias row selects its slots), written as plain rows for the output
+  projection.
 - ``_rope_kv``: RoPE of q and k (rotate-half, full or partial), q written in the
   grouped layout attention reads, k and v written into the cache at their slots: one
   launch where the torch step takes five to seven.
@@ -194,3 +198,80 @@ def _rope_kv(
         hv = j - H - HKV
         x = tl.load(v_ptr + b * sv + hv * D + d, mask=d_ok, other=0.0)
         tl.store(cache_ptr + sckv + hv * sch + slot * scs + d, x.to(dt), mask=d_ok)
+
+
+@triton.jit
+def _attn(
+    q_ptr,
+    kv_ptr,
+    bias_ptr,
+    o_ptr,
+    B,
+    R,
+    sqg,
+    sqr,
+    skv,
+    skg,
+    sks,
+    sbr,
+    sor,
+    scale,
+    cap,
+    S: tl.constexpr,
+    D: tl.constexpr,
+    REP: tl.constexpr,
+    BD: tl.constexpr,
+    BQ: tl.constexpr,
+    BS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Softmax attention of BQ query rows of kv group g over all S cache slots, in BS
+    slot blocks always in the same order (online softmax): a row's result depends on its
+    own query, the cache and its bias row only, never on the other rows or their count.
+    q (G, R = REP*B, D) grouped (row j B + b is head g REP + j of step row b, as
+    ``_rope_kv`` writes it); bias (B, S) additive; o (B, H D): the layout the output
+    projection reads as plain rows. Gemma-2's soft-capping: cap tanh(s / cap), with
+    tanh z = 2 sigmoid(2 z) - 1."""
+    g = tl.program_id(0)
+    r = tl.program_id(1) * BQ + tl.arange(0, BQ)  # (BQ,)
+    r_ok = r < R
+    b = r % B
+    d = tl.arange(0, BD)
+    d_ok = d < D
+    q = tl.load(q_ptr + g * sqg + r[:, None] * sqr + d[None, :],
+                mask=r_ok[:, None] & d_ok[None, :], other=0.0)  # (BQ, BD)
+    if UPCAST:
+        q = q.to(tl.float32)
+    m_i = tl.full((BQ,), -1e30, dtype=tl.float32)
+    l_i = tl.zeros((BQ,), dtype=tl.float32)
+    acc = tl.zeros((BQ, BD), dtype=tl.float32)
+    for s0 in range(0, S, BS):
+        cols = s0 + tl.arange(0, BS)  # (BS,)
+        c_ok = cols < S
+        k = tl.load(kv_ptr + g * skg + cols[None, :] * sks + d[:, None],
+                    mask=c_ok[None, :] & d_ok[:, None], other=0.0)  # (BD, BS)
+        if UPCAST:
+            k = k.to(tl.float32)
+        sc = tl.dot(q, k) * scale  # (BQ, BS)
+        if SOFTCAP:
+            sc = cap * (2.0 / (1.0 + tl.exp(-2.0 * sc / cap)) - 1.0)
+        sc += tl.load(bias_ptr + b[:, None] * sbr + cols[None, :],
+                      mask=r_ok[:, None] & c_ok[None, :], other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        p = tl.exp(sc - m_new[:, None])  # (BQ, BS)
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(kv_ptr + skv + g * skg + cols[:, None] * sks + d[None, :],
+                    mask=c_ok[:, None] & d_ok[None, :], other=0.0)  # (BS, BD)
+        if UPCAST:
+            v = v.to(tl.float32)
+            pv = p
+        else:
+            pv = p.to(v.dtype)
+        acc = acc * alpha[:, None] + tl.dot(pv, v)
+        m_i = m_new
+    o = acc / l_i[:, None]
+    head = g * REP + r // B
+    tl.store(o_ptr + b[:, None] * sor + head[:, None] * D + d[None, :], o.to(o_ptr.dtype.element_ty),
+             mask=r_ok[:, None] & d_ok[None, :])

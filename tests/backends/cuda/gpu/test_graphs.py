@@ -165,6 +165,11 @@ def test_the_triton_switches_are_checked(monkeypatch, model_dir):
     monkeypatch.setenv("DRAFTWISE_TRITON", "off")
     with pytest.raises(DraftwiseError, match="DRAFTWISE_TRITON must be 0 or 1, got 'off'"):
         RowInvariant.build(fixed.model)
+    monkeypatch.delenv("DRAFTWISE_TRITON")
+    monkeypatch.setenv("DRAFTWISE_TRITON_ATTN", "yes")
+    with pytest.raises(DraftwiseError, match="DRAFTWISE_TRITON_ATTN must be 0 or 1, got 'yes'"):
+        RowInvariant(fixed.model)
+    monkeypatch.delenv("DRAFTWISE_TRITON_ATTN")
     for bad in ("16,256", "12,256,4,4", "16,256,3,4", "16,256,4,0"):
         monkeypatch.setenv("DRAFTWISE_MM_CONFIG", bad)
         with pytest.raises(DraftwiseError, match="DRAFTWISE_MM_CONFIG"):

@@ -124,6 +124,36 @@ def test_rope_and_the_kv_write_are_the_torch_steps(rot):
     assert kv[:, :, :10].abs().sum() == 0 and kv[:, :, 13:].abs().sum() == 0  # no other slot
 
 
+@inner
+@pytest.mark.parametrize("cap", [None, 5.0])  # 5.0: gemma-2's score soft-capping
+def test_the_attention_kernel_computes_what_sdpa_does(cap):
+    """Grouped query rows (rep 2) over 70 cache slots (two slot blocks, the second
+    partial) under an additive bias that hides some slots per step row; written as
+    (B, H D) rows."""
+    from types import SimpleNamespace as NS
+
+    from draftwise.backends.cuda.gpu.rowinv import RowInvariant
+
+    torch.manual_seed(4)
+    g, rep, b, s, d = 2, 2, 3, 70, 16
+    cfg = NS(act="silu", attn_scale=None, attn_softcap=cap)
+    ri = RowInvariant(NS(cfg=cfg, device=torch.device("cpu")), interpret=True)
+    q, kv = torch.randn(1, g, rep * b, d), torch.randn(2, g, s, d)
+    bias = torch.zeros(b, s)
+    bias[0, 40:] = float("-inf")  # step row 0 sees slots 0..39, row 2 all but 5..9
+    bias[2, 5:10] = float("-inf")
+    got = ri.attend(q, kv, bias)  # (B, H D)
+    scores = (q @ kv[0].unsqueeze(0).transpose(-1, -2)) * d**-0.5  # (1, G, rep B, S)
+    if cap is not None:
+        scores = torch.tanh(scores / cap) * cap
+    probs = torch.softmax(scores + bias.repeat(rep, 1), dim=-1)
+    ref = (probs @ kv[1].unsqueeze(0))[0]  # (G, rep B, D): row j B + b is head g rep + j
+    ref = ref.reshape(g, rep, b, d).permute(2, 0, 1, 3).reshape(b, g * rep * d)
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
+    with pytest.raises(Exception, match="attention bias"):
+        ri.attend(q, kv, bias[:, :10])
+
+
 def _backend(model_dir, dtype: str, kernels: str):
     from draftwise.backends.cuda import TorchBackend
     from draftwise.backends.cuda.gpu.graphs import StepGraphs
@@ -137,10 +167,15 @@ def _backend(model_dir, dtype: str, kernels: str):
 
 
 @inner
-@pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "gemma2"])
-def test_the_step_computes_what_the_torch_fixed_step_does(family, tmp_path):
+@pytest.mark.parametrize(
+    "family,attn",
+    [("llama3", "0"), ("qwen2", "0"), ("qwen3", "0"), ("gemma2", "0"), ("llama3", "1"), ("gemma2", "1")],
+)
+def test_the_step_computes_what_the_torch_fixed_step_does(family, attn, tmp_path, monkeypatch):
     """float32: the kernels' step equals the torch fixed step's to float rounding, after a
-    tree and K/V compaction (bias, per-head norms, sandwich norms, GeGLU, soft-capping)."""
+    tree and K/V compaction (bias, per-head norms, sandwich norms, GeGLU, soft-capping);
+    ``attn``: with the attention kernel (``DRAFTWISE_TRITON_ATTN``) in place of SDPA."""
+    monkeypatch.setenv("DRAFTWISE_TRITON_ATTN", attn)
     from draftwise.core.tree import DraftTree
     from tests.backends.cuda.test_torch_backend import V, _save_tiny
 
@@ -160,9 +195,12 @@ def test_the_step_computes_what_the_torch_fixed_step_does(family, tmp_path):
 
 
 @inner
-def test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless(tmp_path):
+@pytest.mark.parametrize("attn", ["0", "1"])
+def test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless(attn, tmp_path, monkeypatch):
     """bfloat16: every bucket kept (a row computes the same alone and beside 3, 15 or 63
-    others), and Cacheback through the kernels equals plain decoding through them."""
+    others), and Cacheback through the kernels equals plain decoding through them; with
+    SDPA and with the attention kernel."""
+    monkeypatch.setenv("DRAFTWISE_TRITON_ATTN", attn)
     from draftwise.backends.cuda.gpu.graphs import BUCKETS
     from draftwise.core.decode import Decoder
     from draftwise.core.drafters.base import NoDrafter
