@@ -115,6 +115,12 @@ GATE_SHARE = 0.04
 GATE_RATE = 0.1  # weight of a step's evidence in a gated member's running verdict
 GATE_TIMES = 9  # a member's drafting ms: the median of its last proposals' times
 PLAIN_EVERY = 4  # while the live cost curve lacks a timed plain step, one in this many is
+# while the planner keeps small trees (fewer than SMALL_TREE nodes: a steep curve, where
+# the prices of one and two rows decide) and the live curve lacks recent timings of a
+# plain or a two-row verify, one drafting step in PLAIN_EVERY verifies no node, or the
+# likeliest first node alone: a price the planner never picks is otherwise never learnt,
+# and one learnt long ago is of another time (``CostModel.wants_rows``)
+SMALL_TREE = 4
 
 
 class AutoDrafter:
@@ -218,7 +224,8 @@ class AutoDrafter:
         # the curve is being corrected live but a plain step was never timed: verify one
         # in PLAIN_EVERY steps until it has been (what a tree is weighed against)
         self._plain_turn = (self._plain_turn + 1) % PLAIN_EVERY
-        if self._plain_turn == 0 and self.cost.wants_plain():
+        small = self.last_budget < SMALL_TREE  # small trees: one- and two-row prices matter
+        if self._plain_turn == 0 and (self.cost.wants_plain() or small and self.cost.wants_rows(1)):
             self.last_budget = 0
             return DraftTree.empty()
         # merged uncut: a breadth-first cut would let one member's shallow guesses push
@@ -242,6 +249,11 @@ class AutoDrafter:
         self._p1 = float(self.acc.node_probs(full, index)[first].max()) if first.any() else 0.0
         chosen, tokens, ms = plan_subtree(full, self.acc, self.cost, context.size, cap, index)
         self._judge(trees, ran, tokens, ms, context.size, cap, c1)
+        if (self._plain_turn == 1 and small and len(chosen) != 1 and first.any()
+                and self.cost.wants_rows(2)):
+            # the likeliest first node alone: a two-row verify the curve can learn from
+            probs = np.where(first, self.acc.node_probs(full, index), -1.0)  # (N,)
+            chosen = full.subset(np.array([int(probs.argmax())]))
         self.last_budget = len(chosen)
         if self._beams:
             self._size_beams(chosen)

@@ -80,6 +80,7 @@ class CostModel:
             deque(maxlen=WINDOW) for _ in range(self.rows.size)
         ]
         self._count = 0  # verifies observed
+        self._fresh_n = [0] * self.rows.size  # per row count: its fresh ratios, lately
         self._scale = np.ones(self.rows.size)  # (R,) measured / prior, per row count
         self._logr = np.log(self.rows)  # (R,)
         self._unapplied = 0  # observations since the curve was last re-derived
@@ -91,6 +92,17 @@ class CostModel:
         and without it drafting is priced against a guess)."""
         seen = any(len(q) >= MIN_SEEN for q in self._ratios[1:])
         return seen and len(self._ratios[0]) < MIN_SEEN  # ever seen (not only lately)
+
+    def wants_rows(self, rows: int) -> bool:
+        """Live timings correct the curve, but none lately of a verify of ``rows`` rows
+        (a row count of the curve): the planner should verify one that size now and
+        then. A prior that prices it too high is otherwise never corrected, as the
+        planner never picks it (seen: 2 rows stored at 3.8 ms, 1.5x the one-row step,
+        where live steps of 2 rows took 2.9; the planner drafted nothing, or 3 nodes)."""
+        hit = np.flatnonzero(self.rows == rows)
+        if not hit.size or max(self._fresh_n) < MIN_SEEN:
+            return False
+        return self._fresh_n[int(hit[0])] < MIN_SEEN
 
     def plausible(self) -> bool:
         """Whether the curve could be a quiet machine's: never much cheaper with more
@@ -123,6 +135,7 @@ class CostModel:
             return
         self._unapplied = 0
         fresh = self._fresh()
+        self._fresh_n = [len(r) for r in fresh]
         seen = [i for i, r in enumerate(fresh) if len(r) >= MIN_SEEN]
         if not seen:
             return

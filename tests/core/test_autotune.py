@@ -74,7 +74,10 @@ def test_auto_identical_to_plain_and_adapts():
         steps = list(Decoder(be).steps(prompt, auto, SamplingParams(), 60))
         assert [t for s in steps for t in s.tokens] == plain
         drafted = sum(s.drafted for s in steps)
-        assert (drafted > 0) == expect_spec
+        if expect_spec:
+            assert drafted > 10
+        else:  # nothing but the live curve's probes of a two-row price (wants_rows)
+            assert all(s.drafted <= 1 for s in steps) and drafted <= 3
 
 
 def test_auto_and_combined_save_load(tmp_path):

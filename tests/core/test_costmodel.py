@@ -167,3 +167,44 @@ def test_the_corrected_curve_grows_no_faster_than_the_rows_allow():
         cm.observe(1, 256, 2.54)
     got = cm.cost(np.array(ROWS), 256)
     assert np.all(got[1:] <= STEEP * 2 * got[:-1] + 1e-9) and got[1] < 6.91
+
+
+def test_a_two_row_price_the_planner_never_picks_is_learnt_all_the_same():
+    """A first-use curve that prices a second row at 1.5x a plain step (3.77 ms; live:
+    2.9) makes one draft token look unprofitable, and the planner drafts nothing or three
+    nodes: the two-row point is never timed. Auto verifies the likeliest first node alone
+    now and then until it is, and then drafts every step as the true curve pays; a plain
+    step's price, aged out while it drafts, is timed again."""
+    from draftwise.core.costmodel import MIN_SEEN
+
+    class Guess:
+        """Always the chain 5, 5, 5: right half the time (the text is 5 or 6)."""
+
+        name = "guess"
+
+        def reset(self) -> None: ...
+        def begin(self, prompt: np.ndarray) -> None: ...
+        def update(self, context: np.ndarray, n_new: int) -> None: ...
+
+        def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+            return DraftTree.chain([5, 5, 5])
+
+    bumped = CostModel(ROWS, [2.44, 3.77, 4.16, 6.6, 12.13], contexts=[256])
+    auto = AutoDrafter([Guess()], bumped)
+    rng = np.random.default_rng(5)
+    ctx = list(rng.choice([5, 6], 40))
+    sizes = []
+    for _ in range(400):
+        tree = auto.propose(np.array(ctx), 8)
+        rows = len(tree) + 1
+        sizes.append(rows)
+        auto.observe_verify(rows, len(ctx), float(np.interp(rows, ROWS, TRUE)) * rng.normal(1.0, 0.03))
+        ctx.append(int(rng.choice([5, 6])))
+        auto.update(np.array(ctx), 1)
+        auto.background()
+    assert sizes.count(2) >= MIN_SEEN
+    c = bumped.cost(np.array([1, 2]), 256)
+    assert c[1] / c[0] < 1.2  # live: 3.0 / 2.8
+    # on the true curve a guess right half the time pays every step (1-3 nodes), where
+    # the bumped prior had the planner skip most steps; a few plain steps re-time one row
+    assert sizes[:50].count(1) >= 40 and sizes[-100:].count(1) <= 15
