@@ -54,6 +54,7 @@ from draftwise.core.acceptance_model import (  # noqa: F401  (re-exported: the a
 from draftwise.core.costmodel import CostModel
 from draftwise.core.drafters.base import Background, Drafter
 from draftwise.core.drafters.compose import beams_of, load_members, save_members
+from draftwise.core.step_rates import StepRates
 from draftwise.core.tree import DraftTree, merge_trees, path_reduce
 from draftwise.errors import DraftwiseError
 
@@ -121,6 +122,10 @@ PLAIN_EVERY = 4  # while the live cost curve lacks a timed plain step, one in th
 # likeliest first node alone: a price the planner never picks is otherwise never learnt,
 # and one learnt long ago is of another time (``CostModel.wants_rows``)
 SMALL_TREE = 4
+# ``solo`` drafting (``core.step_rates``): the precise member alone, one chain this long,
+# tried where the curve is steep (verifying 4 rows costs SOLO_STEEP x one row or more)
+SOLO_T = 1
+SOLO_STEEP = 1.2
 
 
 class AutoDrafter:
@@ -179,6 +184,15 @@ class AutoDrafter:
         self.member_edge: list[float | None] = [None] * n
         self._member_idle = [0] * n
         self.member_skipped = [0] * n  # proposals each member sat out (gated)
+        # ``solo``: the first member that states its probabilities and is sized by the
+        # planner (the ReDrafter) drafting alone, chosen per step against the full way
+        # by measured tokens per ms of whole steps (``core.step_rates``)
+        self._solo = next((i for i in self._prob_sources if i in self._beams), None)
+        self.rates = StepRates(("full", "solo"), EXPLORE_EVERY) if self._solo is not None else None
+        self.way = "full"  # the way of the last proposal
+        self.solo_steps = 0
+        self._step_start: float | None = None  # perf_counter at the last proposal
+        self._emitted: int | None = None  # tokens the last step emitted (``update``)
 
     def observe_verify(self, rows: int, context_len: int, ms: float) -> None:
         """A verify's measured time corrects the curve in use (``CostModel.observe``)."""
@@ -200,15 +214,31 @@ class AutoDrafter:
         self._pending.clear()
         self._context = None
         self._p1, self._skipped = 1.0, 0
+        self._new_text()
+
+    def _new_text(self) -> None:
+        """Step timing starts afresh (the time between two generations is no step)."""
+        self._step_start, self._emitted = None, None
+        if self.rates is not None:
+            self.rates.reset()
 
     def begin(self, prompt: np.ndarray) -> None:
         self._pending.clear()
         self._context = None
+        self._new_text()
         for m in self.members:
             m.begin(prompt)
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         cap = min(budget, self.max_budget)
+        if self.rates is not None:
+            now = time.perf_counter()
+            if self._step_start is not None and self._emitted is not None:
+                self.rates.observe(self.way, self._emitted, (now - self._step_start) * 1e3)
+            self._step_start, self._emitted = now, None
+            self.way = self.rates.choose() if self._steep(context.size) else "full"
+            if self.way == "solo" and cap > 0:
+                return self._propose_solo(context, cap)
         if cap <= 0:
             self.last_budget = 0
             return DraftTree.empty()
@@ -258,6 +288,30 @@ class AutoDrafter:
         if self._beams:
             self._size_beams(chosen)
         return chosen
+
+    def _steep(self, context_len: int) -> bool:
+        """Whether verifying 4 rows costs ``SOLO_STEEP`` x one row or more (``solo`` is
+        worth trying)."""
+        c = self.cost.cost_upto(4, context_len)
+        return float(c[3]) >= SOLO_STEEP * float(c[0])
+
+    def _propose_solo(self, context: np.ndarray, cap: int) -> DraftTree:
+        """The ``solo`` way: the precise member alone drafts one beam of ``SOLO_T``
+        tokens (its sizes for the full way are kept); no merging, planning or scoring."""
+        i = self._solo
+        assert i is not None
+        m = self.members[i]
+        sizes = m.bw, m.t  # type: ignore[attr-defined]
+        m.bw, m.t = 1, SOLO_T  # type: ignore[attr-defined]
+        try:
+            tree = m.propose(context, min(cap, SOLO_T))
+        finally:
+            m.bw, m.t = sizes  # type: ignore[attr-defined]
+        self.solo_steps += 1
+        n = len(tree)
+        self.last_budget = n
+        return DraftTree._trusted(tree.tokens, tree.parents, np.full(n, i, np.int16),
+                                  tree.depth, tree.prob, tree.max_depth)
 
     def _gated(self, i: int, c1: float) -> bool:
         """Whether member ``i``'s drafting is costly enough to be gated (``GATE_SHARE``
@@ -345,6 +399,7 @@ class AutoDrafter:
     def update(self, context: np.ndarray, n_new: int) -> None:
         for m in self.members:
             m.update(context, n_new)
+        self._emitted = n_new  # the step's tokens, for ``rates`` at the next proposal
         self._context = context  # scored by ``background``, while the next verify runs
 
     def background(self) -> None:

@@ -365,3 +365,57 @@ def test_a_costly_member_drafts_only_while_it_pays():
         else:
             assert costly.calls <= 64 // EXPLORE_EVERY + 4 and auto.member_edge[1] < 0
             assert auto.member_skipped[1] == 64 - costly.calls
+
+
+class _Chain:
+    """A beam member that states its probabilities (as the ReDrafter): a chain of t
+    tokens 5, each right half the time on the texts below."""
+
+    name, states_probabilities, sized_by_planner = "chain", True, True
+
+    def __init__(self) -> None:
+        self.bw, self.t, self.seen = 2, 3, []
+
+    def reset(self) -> None: ...
+    def begin(self, prompt: np.ndarray) -> None: ...
+    def update(self, context: np.ndarray, n_new: int) -> None: ...
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        self.seen.append((self.bw, self.t))
+        return DraftTree.chain([5] * self.t).with_prob(np.full(self.t, 0.5))
+
+
+@pytest.mark.parametrize("steep,solo_faster", [(True, True), (True, False), (False, True)])
+def test_auto_drafts_with_its_precise_member_alone_where_whole_steps_say_so(
+    steep, solo_faster, monkeypatch
+):
+    """On a steep curve auto times whole steps of both ways (all members and the planner;
+    the member that states probabilities alone, one token) and keeps the faster, trying
+    the other every EXPLORE_EVERY-th step; the solo way drafts bw=1, t=1 and leaves the
+    member's sizes for the full way as they were. On a flat curve it never goes solo."""
+    import draftwise.core.autotune as at
+
+    clock = [0.0]
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    chain = _Chain()
+    cost = (CostModel(rows=[1, 2, 4, 64], ms=[10.0, 11.0, 16.0, 400.0]) if steep
+            else CostModel(rows=[1, 64], ms=[10.0, 10.5]))
+    auto = AutoDrafter([Cacheback(), chain], cost)
+    ctx = [1, 2, 3] * 10
+    ways = []
+    for _ in range(80):
+        sizes = (chain.bw, chain.t)
+        tree = auto.propose(np.array(ctx), 8)
+        ways.append(auto.way)
+        if auto.way == "solo":
+            assert len(tree) <= 1 and chain.seen[-1] == (1, 1) and (chain.bw, chain.t) == sizes
+        fast = (auto.way == "solo") == solo_faster
+        clock[0] += 0.003 if fast else 0.005  # whole-step seconds
+        ctx.append(5)
+        auto.update(np.array(ctx), 1)
+    late = ways[20:]
+    if not steep:
+        assert set(ways) == {"full"} and auto.solo_steps == 0
+    else:
+        best, other = ("solo", "full") if solo_faster else ("full", "solo")
+        assert late.count(best) >= 0.8 * len(late) and 1 <= late.count(other) <= 0.2 * len(late)
