@@ -86,18 +86,23 @@ def build_redrafter(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     return ReDrafter(TorchRecurrentStep(net, be, extend=extend), **opts)
 
 
-# ``auto`` (the default) takes the member only where a plain step costs at least this
-# much at a 256-token context: several times its ~2 ms of drafting a step. Measured on
-# Spec-Bench in the bfloat16 mode (a 16 ms plain step here): `auto:redrafter=on` 1.96x vs
-# `auto` 1.88x (bench/results/specbench-pruned); in the 4bit default mode (2.8 ms) the
-# drafting is most of a step.
-MEMBER_MIN_STEP_MS = 8.0
+# ``auto`` (the default) takes the member only where a plain step costs at least
+# ``MEMBER_STEP_RATIO`` times the member's drafting at a 256-token context. Measured on
+# Spec-Bench in the bfloat16 mode (a 16 ms plain step, the torch step's ~2 ms of drafting):
+# `auto:redrafter=on` 1.96x vs `auto` 1.88x (bench/results/specbench-pruned). With the
+# compiled step (``NativeRecurrentStep``, ~0.4 ms a one-token proposal) the 4bit default
+# mode's 2.7 ms step qualifies: there auto drafts with it alone on the steps where that
+# is faster (``core.step_rates``), 1.12x against 1.09x `none` on Spec-Bench and 1.09x
+# against 1.01x on held-out corpus prompts (bench/results/specbench-4bit-solo).
+MEMBER_STEP_RATIO = 4.0
+TORCH_DRAFT_MS = 2.0  # a proposal of the torch step (int8 weights)
+NATIVE_DRAFT_MS = 0.4  # one of the compiled CPU step, one token
 MEMBER_CONTEXT = 256
 
 
-def member_pays(cost: Any) -> bool:
+def member_pays(cost: Any, draft_ms: float = TORCH_DRAFT_MS) -> bool:
     """Whether a plain step (one row of ``cost``, a ``CostModel``) is slow enough for the
-    ReDrafter member's drafting to pay (``MEMBER_MIN_STEP_MS``).
+    ReDrafter member's drafting of ``draft_ms`` a proposal to pay (``MEMBER_STEP_RATIO``).
 
     Example::
 
@@ -106,8 +111,10 @@ def member_pays(cost: Any) -> bool:
         True
         >>> member_pays(CostModel(rows=[1, 16], ms=[2.8, 5.0]))
         False
+        >>> member_pays(CostModel(rows=[1, 16], ms=[2.8, 5.0]), draft_ms=NATIVE_DRAFT_MS)
+        True
     """
-    return float(cost.cost(1, MEMBER_CONTEXT)) >= MEMBER_MIN_STEP_MS
+    return float(cost.cost(1, MEMBER_CONTEXT)) >= MEMBER_STEP_RATIO * draft_ms
 
 
 def auto_redrafter(
@@ -122,11 +129,15 @@ def auto_redrafter(
         return None
     if mode == "on":
         return build_redrafter(ctx, {"bw": bw, "t": t})
-    if cost is not None and not member_pays(cost):
+    if cost is not None and not member_pays(cost, NATIVE_DRAFT_MS):  # pays with no step
         return None
     if ctx.backend is None or not (checkpoint_for(ctx, None) / "config.json").is_file():
         return None
     try:
-        return build_redrafter(ctx, {"bw": bw, "t": t})
+        rd = build_redrafter(ctx, {"bw": bw, "t": t})
     except DraftwiseError:
         return None
+    compiled = bool(getattr(getattr(rd, "net", None), "compiled", False))  # the C step
+    if cost is not None and not member_pays(cost, NATIVE_DRAFT_MS if compiled else TORCH_DRAFT_MS):
+        return None
+    return rd

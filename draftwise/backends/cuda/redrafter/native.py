@@ -88,6 +88,8 @@ def _quantize(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Te
 class NativeRecurrentStep(TorchRecurrentStep):
     """``TorchRecurrentStep`` (int8, on CPU) whose beam step is one compiled call."""
 
+    compiled = True  # ``auto`` prices its drafting as the compiled step's (member_pays)
+
     def __init__(self, net: ReDrafterNet, backend: Any, extend: bool = False) -> None:
         super().__init__(net, backend, int8=True, extend=extend, torch_layers=False)
         lib = redrafter_lib()

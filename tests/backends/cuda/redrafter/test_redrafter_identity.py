@@ -135,14 +135,22 @@ def test_auto_takes_the_shipped_redrafter_as_a_member(torch_model):  # type: ign
     probabilities, calibrated online) and stays lossless; by default it takes it only
     where this device's plain step is slow enough for its drafting to pay."""
     from draftwise.core.costmodel import CostModel
-    from draftwise.drafting.redrafter import member_pays
+    from draftwise.drafting.redrafter import (
+        MEMBER_STEP_RATIO,
+        NATIVE_DRAFT_MS,
+        TORCH_DRAFT_MS,
+        member_pays,
+    )
 
     d = torch_model.drafter("auto:redrafter=on")
     assert d.members[-1].name == "redrafter"
+    # priced as the compiled CPU step's drafting where that is what it runs
+    draft_ms = NATIVE_DRAFT_MS if getattr(d.members[-1].net, "compiled", False) else TORCH_DRAFT_MS
     default = torch_model.drafter("auto")
     names = [m.name for m in default.members]
-    assert ("redrafter" in names) == member_pays(default.greedy_cost)
-    slow, fast = CostModel([1, 16], [30.0, 40.0]), CostModel([1, 16], [2.8, 5.0])
+    assert ("redrafter" in names) == member_pays(default.greedy_cost, draft_ms)
+    edge = MEMBER_STEP_RATIO * draft_ms  # the plain step it needs
+    slow, fast = CostModel([1, 16], [30.0, 40.0]), CostModel([1, 16], [0.5 * edge, 5.0])
     assert torch_model.drafter("auto", cost=slow).members[-1].name == "redrafter"
     assert "redrafter" not in [m.name for m in torch_model.drafter("auto", cost=fast).members]
     off = torch_model.drafter("auto:redrafter=off", cost=slow)
