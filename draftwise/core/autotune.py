@@ -126,6 +126,7 @@ SMALL_TREE = 4
 # tried where the curve is steep (verifying 4 rows costs SOLO_STEEP x one row or more)
 SOLO_T = 1
 SOLO_STEEP = 1.2
+BURST = 3  # a full step that emitted this many tokens is followed by another full step
 
 
 class AutoDrafter:
@@ -235,8 +236,14 @@ class AutoDrafter:
             now = time.perf_counter()
             if self._step_start is not None and self._emitted is not None:
                 self.rates.observe(self.way, self._emitted, (now - self._step_start) * 1e3)
+            burst = self.way == "full" and (self._emitted or 0) >= BURST
             self._step_start, self._emitted = now, None
-            self.way = self.rates.choose() if self._steep(context.size) else "full"
+            if not self._steep(context.size):
+                self.way = "full"
+            elif burst:  # a copied span is being accepted: it goes on (not a measured choice)
+                self.way = "full"
+            else:
+                self.way = self.rates.choose()
             if self.way == "solo" and cap > 0:
                 return self._propose_solo(context, cap)
         if cap <= 0:

@@ -419,3 +419,26 @@ def test_auto_drafts_with_its_precise_member_alone_where_whole_steps_say_so(
     else:
         best, other = ("solo", "full") if solo_faster else ("full", "solo")
         assert late.count(best) >= 0.8 * len(late) and 1 <= late.count(other) <= 0.2 * len(late)
+
+
+def test_a_full_step_that_copied_a_span_is_followed_by_another(monkeypatch):
+    """A full step that emitted BURST tokens or more (a copied span being accepted) is
+    followed by a full step, whatever the measured rates prefer."""
+    import draftwise.core.autotune as at
+
+    clock = [0.0]
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    cost = CostModel(rows=[1, 2, 4, 64], ms=[10.0, 11.0, 16.0, 400.0])
+    auto = AutoDrafter([Cacheback(), _Chain()], cost)
+    ctx, ways = [1, 2, 3] * 10, []
+    for step in range(60):
+        auto.propose(np.array(ctx), 8)
+        ways.append(auto.way)
+        full = auto.way == "full"
+        clock[0] += 0.005 if full else 0.001  # solo: 2 tokens a ms; full: 0.2, then 0.6
+        new = (at.BURST if step >= 20 else 1) if full else 2
+        ctx.extend([5] * new)
+        auto.update(np.array(ctx), new)
+    assert ways[10:20].count("solo") >= 8  # measured faster
+    first = ways.index("full", 20)  # an exploring full step that copied a span
+    assert all(w == "full" for w in ways[first:])
