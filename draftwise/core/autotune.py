@@ -238,12 +238,9 @@ class AutoDrafter:
                 self.rates.observe(self.way, self._emitted, (now - self._step_start) * 1e3)
             burst = self.way == "full" and (self._emitted or 0) >= BURST
             self._step_start, self._emitted = now, None
-            if not self._steep(context.size):
-                self.way = "full"
-            elif burst:  # a copied span is being accepted: it goes on (not a measured choice)
-                self.way = "full"
-            else:
-                self.way = self.rates.choose()
+            # a copied span being accepted goes on (not a measured choice)
+            steep = not burst and self._steep(context.size)
+            self.way = self.rates.choose() if steep else "full"
             if self.way == "solo" and cap > 0:
                 return self._propose_solo(context, cap)
         if cap <= 0:
