@@ -81,6 +81,15 @@ static inline vf vcodes(const int8_t *p) {
 }
 static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+static inline vf vbf16(const uint16_t *p) { /* VL bfloat16 numbers widened */
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline vf vset1(float x) { return _mm512_set1_ps(x); }
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); } /* NaN in a: b */
+static inline float vhmax(vf v) { return _mm512_reduce_max_ps(v); }
+static inline void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
 #else
 typedef __m256 vf;
 #define VL 8
@@ -96,6 +105,20 @@ static inline float vsum(vf v) {
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
 }
+static inline vf vbf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+static inline vf vset1(float x) { return _mm256_set1_ps(x); }
+static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline float vhmax(vf v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+static inline void vstore(float *p, vf v) { _mm256_storeu_ps(p, v); }
 #endif
 
 static inline float bf16f(uint16_t b) {
@@ -105,6 +128,21 @@ static inline float bf16f(uint16_t b) {
 }
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* x[i] = SiLU(x[i]) for i < n (16 lanes at a time with dw_exp16 where AVX-512 exists:
+ * -x is clamped to 88, where exp is still finite and SiLU is -0 to float precision). */
+static void silu_n(float *x, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 one = _mm512_set1_ps(1.0f), top = _mm512_set1_ps(88.0f);
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        __m512 e = dw_exp16(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), v), top));
+        _mm512_storeu_ps(x + i, _mm512_div_ps(v, _mm512_add_ps(one, e)));
+    }
+#endif
+    for (; i < n; i++) x[i] = silu(x[i]);
+}
 
 /* y[r, n0..n0+3] for rb rows (a compile-time constant below): four outputs' dot
  * products with rb rows of x, 4 x rb accumulators. */
@@ -160,9 +198,34 @@ static void i8_mv(const DwI8 *L, const float *x, int64_t ldx, int64_t b, float *
     }
 }
 
+/* Dot products, sums and maxima in VL lanes (a fixed order for a given n): the scalar
+ * loops they replace were latency-bound chains, 0.25 ms a chain step at a 1,000-token
+ * context (its entries' scores and extra ids). */
 static float dot_f(const float *a, const float *b, int64_t n) {
-    float t = 0.0f;
-    for (int64_t i = 0; i < n; i++) t += a[i] * b[i];
+    vf acc = vzero();
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) acc = vfma(vload(a + i), vload(b + i), acc);
+    float t = vsum(acc);
+    for (; i < n; i++) t += a[i] * b[i];
+    return t;
+}
+
+/* a (n) float32 . row (n) bfloat16 */
+static float dot_bf(const float *a, const uint16_t *row, int64_t n) {
+    vf acc = vzero();
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) acc = vfma(vload(a + i), vbf16(row + i), acc);
+    float t = vsum(acc);
+    for (; i < n; i++) t += a[i] * bf16f(row[i]);
+    return t;
+}
+
+static float sum_of(const float *x, int64_t n) {
+    vf acc = vzero();
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) acc = vadd(acc, vload(x + i));
+    float t = vsum(acc);
+    for (; i < n; i++) t += x[i];
     return t;
 }
 
@@ -239,10 +302,22 @@ static float exp_shift(float *x, int64_t n, float mx) {
     return tot;
 }
 
+/* The largest of x[0..n) (NaN ignored; -inf when there is none). */
 static float max_of(const float *x, int64_t n) {
-    float mx = -INFINITY;
-    for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    vf acc = vset1(-INFINITY);
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) acc = vmax(vload(x + i), acc);
+    float mx = vhmax(acc);
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
     return mx;
+}
+
+/* The first i with x[i] == max_of(x, n) (0 when every entry is NaN). */
+static int64_t argmax_of(const float *x, int64_t n) {
+    float mx = max_of(x, n);
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] == mx) return i;
+    return 0;
 }
 
 /* Attention of one row's query q (D) over the proposal's m entries and the nowhere
@@ -295,7 +370,7 @@ int dw_rd_step(const DwRdNet *net, const DwRdProposal *pr, const int64_t *tokens
         i8_mv(&net->u, sp, c, b, t, c, threads);
         for (int64_t i = 0; i < b * c; i++) s_out[i] += t[i];
     }
-    for (int64_t i = 0; i < b * c; i++) s_out[i] = silu(s_out[i]);
+    silu_n(s_out, b * c);
 
     /* the context's attention and read-out */
     memcpy(z0, s_out, sizeof(float) * b * c);
@@ -313,14 +388,18 @@ int dw_rd_step(const DwRdNet *net, const DwRdProposal *pr, const int64_t *tokens
 
     /* the head: ResBlocks on [h, z0], the projection, the draft rows and the extra ids */
     i8_mv(&net->res_s, z0, c, b, t, c2, threads);
-    for (int64_t r = 0; r < b; r++)
+    for (int64_t r = 0; r < b; r++) {
+        for (int64_t i = 0; i < c2; i++) t[r * c2 + i] += pr->hr[i];
+        silu_n(t + r * c2, c2);
         for (int64_t i = 0; i < c2; i++) {
             float base = i < c ? pr->h[i] : z0[r * c + i - c];
-            x[r * c2 + i] = base + silu(pr->hr[i] + t[r * c2 + i]);
+            x[r * c2 + i] = base + t[r * c2 + i];
         }
+    }
     for (int64_t l = 0; l < net->nres; l++) {
         i8_mv(&net->res[l], x, c2, b, t, c2, threads);
-        for (int64_t i = 0; i < b * c2; i++) x[i] += silu(t[i]);
+        silu_n(t, b * c2);
+        for (int64_t i = 0; i < b * c2; i++) x[i] += t[i];
     }
     i8_mv(&net->proj, x, c2, b, z, c, threads);
     i8_mv(&net->head, z, c, b, out, width, threads);
@@ -328,12 +407,7 @@ int dw_rd_step(const DwRdNet *net, const DwRdProposal *pr, const int64_t *tokens
 #pragma omp parallel for schedule(static) num_threads(threads) if (par)
     for (int64_t i = 0; i < e; i++) {
         const uint16_t *row = net->embed + pr->extra[i] * c;
-        for (int64_t r = 0; r < b; r++) {
-            const float *zr = z + r * c;
-            float acc = 0.0f;
-            for (int64_t j = 0; j < c; j++) acc += zr[j] * bf16f(row[j]);
-            out[r * width + kd + i] = acc + pr->xbias;
-        }
+        for (int64_t r = 0; r < b; r++) out[r * width + kd + i] = dot_bf(z + r * c, row, c) + pr->xbias;
     }
 
     /* the distribution */
@@ -351,15 +425,12 @@ int dw_rd_step(const DwRdNet *net, const DwRdProposal *pr, const int64_t *tokens
         const float *gw = net->g_so;
         float g = pr->hg + dot_f(gw, s_out + r * c, c) + dot_f(gw + c, o + r * d, d);
         g = 1.0f / (1.0f + expf(-g));
-        float keep = (1.0f - g) / tot, sum = 0.0f;
+        float keep = (1.0f - g) / tot;
         for (int64_t i = 0; i < width; i++) l[i] = keep * l[i];
         for (int64_t j = 0; j < m; j++)
             if (pr->cols[j] >= 0) l[pr->cols[j]] += g * w0[r * m + j];
-        for (int64_t i = 0; i < width; i++) {
-            l[i] += COPY_EPS;
-            sum += l[i];
-        }
-        float inv = 1.0f / sum;
+        for (int64_t i = 0; i < width; i++) l[i] += COPY_EPS;
+        float inv = 1.0f / sum_of(l, width);
         for (int64_t i = 0; i < width; i++) l[i] *= inv;
     }
     free(buf);
@@ -383,8 +454,7 @@ int dw_rd_chain(const DwRdNet *net, const DwRdProposal *pr, int64_t root, int64_
             free(buf);
             return 1;
         }
-        int64_t best = 0;
-        for (int64_t i = 1; i < width; i++) best = out[i] > out[best] ? i : best;
+        int64_t best = argmax_of(out, width);
         logp[j] = net->d ? logf(out[best]) : out[best];
         tokens[j] = tok = ids[best];
         par = 0;
