@@ -84,7 +84,8 @@ class CostModel:
         self._scale = np.ones(self.rows.size)  # (R,) measured / prior, per row count
         self._logr = np.log(self.rows)  # (R,)
         self._unapplied = 0  # observations since the curve was last re-derived
-        self._prior_dense: np.ndarray | None = None  # (C, R') the prior at 1..R' rows
+        self._prior_dense: list[list[float]] | None = None  # (C, R') the prior at 1..R' rows
+        self._nearest: dict[int, int] = {}  # row count -> index of the nearest in rows
 
     def wants_plain(self) -> bool:
         """Live timings correct the curve but none of a plain (one-row) step yet: the
@@ -120,12 +121,15 @@ class CostModel:
         correction of the nearest row count of the curve."""
         if rows < 1 or not ms > 0:
             return
-        j = int(np.argmin(np.abs(self._logr - np.log(rows))))  # nearest, in log rows
-        dense = self._prior_dense  # the prior sampled once at 1..R' rows (a per-step path)
-        if dense is None or dense.shape[1] < rows:
-            dense = self._curves_of(self.prior, np.arange(1, max(rows, 128) + 1, dtype=np.float64))
+        j = self._nearest.get(rows)
+        if j is None:  # nearest, in log rows (a per-step path: once per row count)
+            j = self._nearest[rows] = int(np.argmin(np.abs(self._logr - np.log(rows))))
+        dense = self._prior_dense  # the prior as lists, sampled once at 1..R' rows
+        if dense is None or len(dense[0]) < rows:
+            grid = np.arange(1, max(rows, 128) + 1, dtype=np.float64)
+            dense = self._curves_of(self.prior, grid).tolist()
             self._prior_dense = dense
-        predicted = float(self._blend(dense[:, rows - 1], context_len))
+        predicted = self._blend_at(dense, rows - 1, context_len)
         self._count += 1
         self._ratios[j].append((self._count, ms / predicted))
         self._unapplied += 1
@@ -205,6 +209,17 @@ class CostModel:
         j = min(max(bisect.bisect_left(ctx, c) - 1, 0), len(ctx) - 2)
         w = (c - ctx[j]) / (ctx[j + 1] - ctx[j])
         return (1 - w) * stacked[j] + w * stacked[j + 1]
+
+    def _blend_at(self, dense: list[list[float]], k: int, context_len: int) -> float:
+        """``_blend`` of column ``k`` of per-context lists, in Python floats (the same
+        interpolation, without numpy's per-call cost on a per-step path)."""
+        if len(dense) == 1:
+            return dense[0][k]
+        ctx = self._ctx_list
+        c = float(min(max(context_len, ctx[0]), ctx[-1]))
+        j = min(max(bisect.bisect_left(ctx, c) - 1, 0), len(ctx) - 2)
+        w = (c - ctx[j]) / (ctx[j + 1] - ctx[j])
+        return (1 - w) * dense[j][k] + w * dense[j + 1][k]
 
     def cost(self, rows: int | np.ndarray, context_len: int) -> np.ndarray:
         """Latency (ms) of verifying ``rows`` rows (vectorised) at ``context_len``."""
