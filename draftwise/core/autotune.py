@@ -122,10 +122,16 @@ PLAIN_EVERY = 4  # while the live cost curve lacks a timed plain step, one in th
 # likeliest first node alone: a price the planner never picks is otherwise never learnt,
 # and one learnt long ago is of another time (``CostModel.wants_rows``)
 SMALL_TREE = 4
-# ``solo`` drafting (``core.step_rates``): the precise member alone, one chain this long,
-# tried where the curve is steep (verifying 4 rows costs SOLO_STEEP x one row or more)
-SOLO_T = 1
+# ``solo`` drafting (``core.step_rates``): the precise member alone, one chain of at most
+# SOLO_T tokens, tried where the curve is steep (verifying 4 rows costs SOLO_STEEP x one
+# row or more). A chain token is verified where its path probability (the member's own,
+# calibrated on held-out corpus prompts: accepted 0.14-0.19 of the time at 0.1-0.3,
+# 0.92-0.99 at 0.9-1.0) pays for its verify row and the chain step that drafted it at
+# the solo way's measured tokens per ms (``AutoDrafter._solo_floor``); a chain step costs
+# CHAIN_STEP x a plain step (0.10-0.13 ms against 2.6-2.9 on the AMD EPYC Zen 5 VM)
+SOLO_T = 3
 SOLO_STEEP = 1.2
+CHAIN_STEP = 0.04
 BURST = 3  # a full step that emitted this many tokens is followed by another full step
 
 
@@ -300,22 +306,45 @@ class AutoDrafter:
         return float(c[3]) >= SOLO_STEEP * float(c[0])
 
     def _propose_solo(self, context: np.ndarray, cap: int) -> DraftTree:
-        """The ``solo`` way: the precise member alone drafts one beam of ``SOLO_T``
-        tokens (its sizes for the full way are kept); no merging, planning or scoring."""
+        """The ``solo`` way: the precise member alone drafts one beam of up to ``SOLO_T``
+        tokens and keeps those that pay (``_solo_floor``); its sizes for the full way are
+        kept. No merging, planning or scoring."""
         i = self._solo
         assert i is not None
         m = self.members[i]
         sizes = m.bw, m.t  # type: ignore[attr-defined]
-        m.bw, m.t = 1, SOLO_T  # type: ignore[attr-defined]
+        floors = hasattr(m, "min_path")  # a member that can end its chain early
+        t = min(cap, SOLO_T if floors else 1)
+        m.bw, m.t = 1, t  # type: ignore[attr-defined]
+        if floors:
+            m.min_path = self._solo_floor(t, context.size)  # type: ignore[attr-defined]
         try:
-            tree = m.propose(context, min(cap, SOLO_T))
+            tree = m.propose(context, t)
         finally:
             m.bw, m.t = sizes  # type: ignore[attr-defined]
+            if floors:
+                m.min_path = None  # type: ignore[attr-defined]
         self.solo_steps += 1
         n = len(tree)
         self.last_budget = n
         return DraftTree._trusted(tree.tokens, tree.parents, np.full(n, i, np.int16),
                                   tree.depth, tree.prob, tree.max_depth)
+
+    def _solo_floor(self, t: int, context_len: int) -> np.ndarray:
+        """(t,) the least path probability of a solo chain's token at each depth that
+        pays: token j adds its verify row (``cost(j + 1) - cost(j)``) and, past the
+        first, its chain step (``CHAIN_STEP`` x a plain step); it pays where the tokens
+        it is expected to bring (its path probability) per ms added reach the solo
+        way's tokens per ms (one per plain step before it was measured).
+
+        Example: a plain step 2.8 ms, 2 rows 3.1, 3 rows 3.5; solo at 0.45 tokens/ms:
+        depth 1 needs 0.3 x 0.45 = 0.135, depth 2 (0.4 + 0.112) x 0.45 = 0.23."""
+        c = self.cost.cost_upto(t + 1, context_len)  # (t + 1,) ms at 1..t+1 rows
+        rate = self.rates.speed("solo") if self.rates is not None else None
+        rate = rate or 1.0 / float(c[0])
+        step = np.full(t, CHAIN_STEP * float(c[0]))
+        step[0] = 0.0  # the first token's drafting is paid before the chain could stop
+        return np.maximum.accumulate((np.diff(c) + step) * rate)  # (t,)
 
     def _gated(self, i: int, c1: float) -> bool:
         """Whether member ``i``'s drafting is costly enough to be gated (``GATE_SHARE``

@@ -442,3 +442,46 @@ def test_a_full_step_that_copied_a_span_is_followed_by_another(monkeypatch):
     assert ways[10:20].count("solo") >= 8  # measured faster
     first = ways.index("full", 20)  # an exploring full step that copied a span
     assert all(w == "full" for w in ways[first:])
+
+
+class _FloorChain(_Chain):
+    """A ``_Chain`` that, as the ReDrafter, can end its chain early (``min_path``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.min_path: np.ndarray | None = None
+        self.floors: list[np.ndarray | None] = []
+
+    def propose(self, context: np.ndarray, budget: int) -> DraftTree:
+        self.floors.append(self.min_path)
+        return super().propose(context, budget)
+
+
+def test_solo_chains_get_floors_from_the_curve_and_the_solo_rate(monkeypatch):
+    """The solo way drafts up to SOLO_T tokens with a floor per depth: the verify row a
+    token adds (and, past the first, its chain step) times the solo way's measured tokens
+    per ms; the member's floor is cleared after the proposal."""
+    import draftwise.core.autotune as at
+
+    clock = [0.0]
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    chain = _FloorChain()
+    cost = CostModel(rows=[1, 2, 3, 4, 64], ms=[10.0, 11.0, 13.0, 16.0, 400.0])
+    auto = AutoDrafter([Cacheback(), chain], cost)
+    before = auto._solo_floor(3, 30)  # solo not measured yet: one token per plain step
+    step = at.CHAIN_STEP * 10.0
+    np.testing.assert_allclose(before, [1.0 / 10, (2.0 + step) / 10, (3.0 + step) / 10])
+    ctx, solo = [1, 2, 3] * 10, 0
+    for _ in range(40):
+        auto.propose(np.array(ctx), 8)
+        if auto.way == "solo":
+            solo += 1
+            assert chain.seen[-1] == (1, at.SOLO_T) and chain.floors[-1] is not None
+            assert chain.min_path is None  # cleared for the full way
+        clock[0] += 0.002 if auto.way == "solo" else 0.005  # solo: 2 tokens in 2 ms
+        ctx.extend([5, 5])
+        auto.update(np.array(ctx), 2)
+    assert solo >= 20
+    rate = auto.rates.speed("solo")
+    assert rate is not None and rate == pytest.approx(1.0)  # 2 tokens in 2 ms
+    np.testing.assert_allclose(auto._solo_floor(3, 30), before * 10.0 * rate)

@@ -89,3 +89,45 @@ def test_wrappers_report_the_beams() -> None:
     both.propose(np.array([1, 2]), budget=64)
     assert both.last_beam == (5, 3)
     assert Capped(NoDrafter(), 4).stats() == {} and Combined([NoDrafter()]).last_beam is None
+
+
+class ChainNet(FakeNet):
+    """A ``FakeNet`` with the compiled step's ``chain``, ending early as it does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.floors: list[np.ndarray | None] = []
+
+    def chain(self, root: int, t: int, min_path: np.ndarray | None = None):  # type: ignore[no-untyped-def]
+        self.floors.append(None if min_path is None else np.array(min_path))
+        tok, lp, path = [], [], 0.0
+        for j in range(t):
+            root = 100 + (root + 1) % 5
+            tok.append(root)
+            lp.append(np.log(0.6))
+            path += lp[-1]
+            if min_path is not None and j + 1 < t and path < min_path[j + 1]:
+                break
+        return np.array(tok), np.array(lp)
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_min_path_keeps_the_chain_tokens_that_reach_their_floor(chained: bool) -> None:
+    """At bw=1 the tokens whose path probability (0.6, 0.36, 0.216 here) reaches its
+    depth's floor are kept (floors made non-decreasing); none kept: an empty tree. A net
+    with ``chain`` gets the floors in log space (it stops drafting early)."""
+    net = ChainNet() if chained else FakeNet()
+    d = ReDrafter(net, bw=1, t=3)
+    ctx = np.array([7, 8, 103])
+    assert d.propose(ctx, 16).tokens.tolist() == [104, 100, 101]  # no floor: all t
+    d.min_path = np.array([0.3, 0.3, 0.3])
+    assert d.propose(ctx, 16).tokens.tolist() == [104, 100]
+    d.min_path = np.array([0.1, 0.5, 0.2])  # -> 0.1, 0.5, 0.5
+    assert d.propose(ctx, 16).tokens.tolist() == [104]
+    if chained:
+        np.testing.assert_allclose(net.floors[-1], np.log([0.1, 0.5, 0.5]))
+    d.min_path = np.array([0.7, 0.7, 0.7])
+    assert len(d.propose(ctx, 16)) == 0
+    d.min_path = np.array([0.5, 0.3])
+    with pytest.raises(DraftwiseError, match="min_path needs 3"):
+        d.propose(ctx, 16)

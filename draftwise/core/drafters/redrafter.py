@@ -67,8 +67,10 @@ class RecurrentNet(Protocol):
         """(B,) target ids, (B,) rows of the previous step (-1: the initial state) ->
         (B, K) log-probabilities over the draft vocabulary."""
 
-    # Optional: ``chain(root, t) -> ((t,) target ids, (t,) log-probs)``, the width-1 beam
-    # in one call (the compiled CPU step has it); ``ReDrafter`` takes it when bw == 1.
+    # Optional: ``chain(root, t, min_path=None) -> ((n,) target ids, (n,) log-probs)``, the
+    # width-1 beam in one call (the compiled CPU step has it), ending early where a path
+    # log-probability falls below ``min_path``'s next entry; ``ReDrafter`` takes it when
+    # bw == 1.
 
 
 class ReDrafter:
@@ -92,6 +94,11 @@ class ReDrafter:
         self.unpacked = 0
         self.beam_rows = 0  # sum of bw over proposals (auto sizes it each step)
         self.beam_len = 0  # sum of t over proposals
+        # at bw == 1: (t,) the least path probability worth verifying at each depth
+        # (non-decreasing; ``auto`` sets it from the cost curve). The chain keeps the
+        # tokens whose path probability reaches it and stops drafting where the next
+        # token could not (its path is never more probable). None: all t tokens.
+        self.min_path: np.ndarray | None = None
 
     def reset(self) -> None:
         self.last = None
@@ -122,10 +129,21 @@ class ReDrafter:
             return self.net.step(ids[tokens] if parents[0] >= 0 else tokens, parents)
 
         chain = getattr(self.net, "chain", None)
-        if self.bw == 1 and chain is not None:  # one beam: the network's own greedy loop
-            tok, lp = chain(int(context[-1]), self.t)  # (T,) target ids, (T,) log-probs
+        floor = self._floor()  # (T,) log path floor, or None
+        if self.bw == 1:
+            if chain is not None:  # one beam: the network's own greedy loop
+                tok, lp = chain(int(context[-1]), self.t, floor)  # (n <= T,) ids, log-probs
+            else:
+                one = beam_search(step, int(context[-1]), 1, self.t)
+                tok, lp = ids[one.tokens[0]], one.logp[0]  # (T,), (T,)
+            if floor is not None:  # the tokens whose path reaches its depth's floor
+                keep = np.cumsum(lp) >= floor[: lp.size]  # (n,) True on a prefix
+                k = keep.size if keep.all() else int(np.argmin(keep))
+                tok, lp = tok[:k], lp[:k]
+            if tok.size == 0:
+                return DraftTree.empty()
             none = np.zeros((0, 0), np.int64), np.zeros((0, 0))
-            beams = Beams(tok[None], lp[None], lp.sum(keepdims=True), (none,) * (self.t - 1))
+            beams = Beams(tok[None], lp[None], lp.sum(keepdims=True), (none,) * (tok.size - 1))
         else:
             beams = beam_search(step, int(context[-1]), self.bw, self.t)
             beams = Beams(
@@ -142,6 +160,16 @@ class ReDrafter:
         self.packed += out.packed
         self.unpacked += out.unpacked
         return out.tree
+
+    def _floor(self) -> np.ndarray | None:
+        """(t,) ``log(min_path)`` at bw == 1, made non-decreasing; None without one."""
+        if self.min_path is None or self.bw != 1:
+            return None
+        mp = np.asarray(self.min_path, np.float64)
+        if mp.shape != (self.t,) or np.isnan(mp).any():
+            raise DraftwiseError(f"redrafter min_path needs {self.t} numbers, got shape {mp.shape}")
+        with np.errstate(divide="ignore"):
+            return np.maximum.accumulate(np.log(np.clip(mp, 0.0, 1.0)))
 
     def update(self, context: np.ndarray, n_new: int) -> None:
         pass

@@ -163,9 +163,12 @@ class NativeRecurrentStep(TorchRecurrentStep):
         self._entries_fn.restype = ctypes.c_int
         self._chain_fn = lib.dw_rd_chain
         self._chain_fn.argtypes = [
-            ctypes.POINTER(_Net), ctypes.POINTER(_Proposal), I64, I64, P, P, P, ctypes.c_int,
+            ctypes.POINTER(_Net), ctypes.POINTER(_Proposal), I64, I64, P, P, P, P, P,
+            ctypes.c_int,
         ]
         self._chain_fn.restype = ctypes.c_int
+        self._made = ctypes.c_int64(0)
+        self._made_ref = ctypes.byref(self._made)
         self._kv_np: tuple[np.ndarray, np.ndarray] | None = None  # (cap, D) keys, values
         self._kv_ptrs: tuple[int, int] = (0, 0)  # their data pointers
         self._net = st
@@ -304,13 +307,22 @@ class NativeRecurrentStep(TorchRecurrentStep):
             raise MemoryError("the compiled ReDrafter entries could not allocate their scratch")
         self._m = need
 
-    def chain(self, root: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+    def chain(
+        self, root: int, t: int, min_path: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """A one-beam draft in one call (what ``beam_search`` at width 1 computes from
-        ``step``): (t,) target ids, each the most probable after the ones before, and
-        (t,) their log-probabilities. Needs ``start`` first."""
+        ``step``): (n,) target ids, each the most probable after the ones before, and
+        (n,) their log-probabilities; n = t, or fewer with ``min_path`` ((t,) path
+        log-probabilities, non-decreasing): the chain ends after a token whose path
+        log-probability is below the next one's. Needs ``start`` first."""
         assert self._h is not None
         if not 0 <= root < self.vocab_size or t < 1:
             raise ValueError(f"a chain needs a root in 0..{self.vocab_size - 1} and t >= 1, got {root}, {t}")
+        floor = None
+        if min_path is not None:
+            floor = np.ascontiguousarray(min_path, np.float32)  # (t,)
+            if floor.shape != (t,) or np.isnan(floor).any():
+                raise ValueError(f"min_path needs {t} numbers, got shape {floor.shape}")
         if self.vocab_ids is not self._ids_of:  # (K + E,): a new array when it grew
             self._ids_of = self.vocab_ids
             self._ids = np.ascontiguousarray(self.vocab_ids, np.int64)
@@ -318,11 +330,13 @@ class NativeRecurrentStep(TorchRecurrentStep):
         tokens, logp = np.empty(t, np.int64), np.empty(t, np.float32)
         if self._chain_fn(
             self._net_ref, self._prop_ref, root, t, self._ids_ptr,
-            tokens.ctypes.data, logp.ctypes.data, kernel_threads(),
+            None if floor is None else floor.ctypes.data,
+            tokens.ctypes.data, logp.ctypes.data, self._made_ref, kernel_threads(),
         ):
             raise MemoryError("the compiled ReDrafter chain could not allocate its scratch")
         self._s_np = None  # the states of a chain are not kept
-        return tokens, logp.astype(np.float64)
+        n = self._made.value
+        return tokens[:n], logp[:n].astype(np.float64)
 
     def step(self, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
         """(B,) target ids and (B,) parent rows (-1: the initial state) -> (B, K + E)

@@ -151,5 +151,15 @@ def test_chain_equals_a_one_beam_search_over_the_step(tiny, context_dim):  # typ
         assert tok.tolist() == ids[want.tokens[0]].tolist()
         np.testing.assert_allclose(lp, want.logp[0], rtol=1e-5, atol=1e-5)
         assert ReDrafter(step, bw=1, t=4).propose(ctx, 16).tokens.tolist() == tok.tolist()
+        # with floors it ends after the first token whose path is below the next floor
+        path = np.cumsum(lp)  # (4,)
+        floor = np.full(4, float(path[1]) + 1e-3)  # token 1's path is just below it
+        floor[:2] = -np.inf
+        short, short_lp = step.chain(int(ctx[-1]), 4, floor)
+        assert short.tolist() == tok[:2].tolist()
+        np.testing.assert_allclose(short_lp, lp[:2], rtol=1e-5, atol=1e-5)
+        assert step.chain(int(ctx[-1]), 4, np.full(4, -np.inf))[0].tolist() == tok.tolist()
     with pytest.raises(ValueError, match="root in"):
         step.chain(V, 2)
+    with pytest.raises(ValueError, match="min_path needs 2"):
+        step.chain(3, 2, np.zeros(3))

@@ -437,17 +437,23 @@ int dw_rd_step(const DwRdNet *net, const DwRdProposal *pr, const int64_t *tokens
     return 0;
 }
 
-/* A one-beam draft (beam search at width 1) of t tokens from root: each step feeds the
- * previous step's most probable column (the lowest of equals), as its target id
+/* A one-beam draft (beam search at width 1) of up to t tokens from root: each step feeds
+ * the previous step's most probable column (the lowest of equals), as its target id
  * ids[column] (ids (K + E,)). tokens (t,) the chosen ids, logp (t,) their
- * log-probabilities. Returns 0, or 1 when memory could not be allocated. */
+ * log-probabilities; *made the number drafted. min_path (t,) or NULL: the chain ends
+ * after token j when its path log-probability (logp[0] + .. + logp[j]) is below
+ * min_path[j + 1] (the next token's path, never more probable, could not reach it).
+ * Returns 0, or 1 when memory could not be allocated. */
 int dw_rd_chain(const DwRdNet *net, const DwRdProposal *pr, int64_t root, int64_t t,
-                const int64_t *ids, int64_t *tokens, float *logp, int threads) {
+                const int64_t *ids, const float *min_path, int64_t *tokens, float *logp,
+                int64_t *made, int threads) {
     const int64_t c = net->c, width = net->kdraft + pr->e;
     float *buf = (float *)malloc(sizeof(float) * (size_t)(2 * c + width));
     if (buf == NULL) return 1;
     float *s_a = buf, *s_b = buf + c, *out = buf + 2 * c;
     int64_t tok = root, par = -1;
+    float path = 0.0f;
+    *made = 0;
     for (int64_t j = 0; j < t; j++) {
         float *s_new = (j % 2) ? s_b : s_a, *s_old = (j % 2) ? s_a : s_b;
         if (dw_rd_step(net, pr, &tok, &par, 1, j ? s_old : NULL, s_new, out, threads)) {
@@ -458,6 +464,9 @@ int dw_rd_chain(const DwRdNet *net, const DwRdProposal *pr, int64_t root, int64_
         logp[j] = net->d ? logf(out[best]) : out[best];
         tokens[j] = tok = ids[best];
         par = 0;
+        *made = j + 1;
+        path += logp[j];
+        if (min_path != NULL && j + 1 < t && path < min_path[j + 1]) break;
     }
     free(buf);
     return 0;
@@ -466,9 +475,10 @@ int dw_rd_chain(const DwRdNet *net, const DwRdProposal *pr, int64_t root, int64_
 #else
 
 int dw_rd_chain(const void *net, const void *pr, int64_t root, int64_t t, const int64_t *ids,
-                int64_t *tokens, float *logp, int threads) {
-    (void)net; (void)pr; (void)root; (void)t; (void)ids; (void)tokens; (void)logp;
-    (void)threads;
+                const float *min_path, int64_t *tokens, float *logp, int64_t *made,
+                int threads) {
+    (void)net; (void)pr; (void)root; (void)t; (void)ids; (void)min_path; (void)tokens;
+    (void)logp; (void)made; (void)threads;
     return 2;
 }
 
