@@ -485,3 +485,25 @@ def test_solo_chains_get_floors_from_the_curve_and_the_solo_rate(monkeypatch):
     rate = auto.rates.speed("solo")
     assert rate is not None and rate == pytest.approx(1.0)  # 2 tokens in 2 ms
     np.testing.assert_allclose(auto._solo_floor(3, 30), before * 10.0 * rate)
+
+
+def test_solo_chains_are_one_token_when_sampling(monkeypatch):
+    """At temperature > 0 (``plan_for(True)``) the solo way drafts one token, no floor:
+    the member's probabilities are calibrated on greedy acceptance."""
+    import draftwise.core.autotune as at
+
+    clock = [0.0]
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    chain = _FloorChain()
+    auto = AutoDrafter([Cacheback(), chain], CostModel(rows=[1, 2, 4, 64], ms=[10.0, 11.0, 16.0, 400.0]))
+    auto.plan_for(True)
+    ctx, solo = [1, 2, 3] * 10, 0
+    for _ in range(30):
+        auto.propose(np.array(ctx), 8)
+        if auto.way == "solo":
+            solo += 1
+            assert chain.seen[-1] == (1, 1) and chain.floors[-1] is None
+        clock[0] += 0.002 if auto.way == "solo" else 0.005
+        ctx.extend([5, 5])
+        auto.update(np.array(ctx), 2)
+    assert solo >= 10
