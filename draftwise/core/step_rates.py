@@ -14,7 +14,7 @@ What is drafted changes; what is emitted never does (the target verifies every t
 
 Example::
 
-    >>> r = StepRates(("full", "solo"), explore_every=4, min_steps=1)
+    >>> r = StepRates(("full", "solo"), explore_every=4, min_steps=1, warmup=0)
     >>> r.choose()                              # each is tried first
     'full'
     >>> r.observe("full", tokens=1.2, ms=4.0)
@@ -30,23 +30,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 RATE = 0.1  # the weight of a step in a way's running sums (about the last 10 count)
+WARMUP = 1  # a way's first steps of a text, not counted (``StepRates.observe``)
 
 
 class StepRates:
     """Running tokens and ms per way of drafting; ``choose`` picks the next step's."""
 
     def __init__(
-        self, ways: Sequence[str], explore_every: int = 8, min_steps: int = 3, rate: float = RATE
+        self, ways: Sequence[str], explore_every: int = 8, min_steps: int = 3, rate: float = RATE,
+        warmup: int = WARMUP,
     ) -> None:
         if len(ways) < 1 or len(set(ways)) != len(ways):
             raise ValueError(f"StepRates needs distinct ways, got {list(ways)}")
-        if explore_every < 2 or min_steps < 1 or not 0.0 < rate <= 1.0:
+        if explore_every < 2 or min_steps < 1 or not 0.0 < rate <= 1.0 or warmup < 0:
             raise ValueError(
-                f"StepRates needs explore_every >= 2, min_steps >= 1, 0 < rate <= 1, got "
-                f"{explore_every}, {min_steps}, {rate}"
+                f"StepRates needs explore_every >= 2, min_steps >= 1, 0 < rate <= 1, "
+                f"warmup >= 0, got {explore_every}, {min_steps}, {rate}, {warmup}"
             )
         self.ways = tuple(ways)
         self.explore_every, self.min_steps, self.rate = explore_every, min_steps, rate
+        self.warmup = warmup
         self.reset()
 
     def reset(self) -> None:
@@ -54,6 +57,7 @@ class StepRates:
         self.tokens = dict.fromkeys(self.ways, 0.0)  # running sums, weighted
         self.ms = dict.fromkeys(self.ways, 0.0)
         self.steps = dict.fromkeys(self.ways, 0)  # steps measured, per way
+        self.warm = dict.fromkeys(self.ways, 0)  # warm-up steps seen, per way
         self._turn = 0
 
     def speed(self, way: str) -> float | None:
@@ -62,8 +66,14 @@ class StepRates:
         return self.tokens[way] / ms if self.steps[way] and ms > 0 else None
 
     def observe(self, way: str, tokens: float, ms: float) -> None:
-        """A step drafted ``way`` emitted ``tokens`` in ``ms`` (the whole step)."""
+        """A step drafted ``way`` emitted ``tokens`` in ``ms`` (the whole step). A way's
+        first ``warmup`` steps of a text are not counted: a drafter's first proposal of
+        a text indexes the whole prompt (10x a step or more), which says nothing of the
+        steps after it."""
         if not ms > 0 or tokens < 0:
+            return
+        if self.warm[way] < self.warmup:
+            self.warm[way] += 1
             return
         if self.steps[way] == 0:
             self.tokens[way], self.ms[way] = tokens, ms
