@@ -89,7 +89,6 @@ static inline vf vset1(float x) { return _mm512_set1_ps(x); }
 static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); } /* NaN in a: b */
 static inline float vhmax(vf v) { return _mm512_reduce_max_ps(v); }
-static inline void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
 #else
 typedef __m256 vf;
 #define VL 8
@@ -118,7 +117,6 @@ static inline float vhmax(vf v) {
     s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
 }
-static inline void vstore(float *p, vf v) { _mm256_storeu_ps(p, v); }
 #endif
 
 static inline float bf16f(uint16_t b) {
