@@ -200,25 +200,29 @@ class CostModel:
             per_ctx.append(np.where(r > self.rows[-1], curve[-1] + slope * (r - self.rows[-1]), inside))
         return np.stack(per_ctx)
 
+    def _context_weight(self, context_len: int) -> tuple[int, float]:
+        """(j, w): ``context_len`` (clamped) lies between contexts j and j + 1, at weight
+        w toward j + 1 (j = 0, w = 0 with one context)."""
+        ctx = self._ctx_list
+        if len(ctx) == 1:
+            return 0, 0.0
+        c = float(min(max(context_len, ctx[0]), ctx[-1]))
+        j = min(max(bisect.bisect_left(ctx, c) - 1, 0), len(ctx) - 2)
+        return j, (c - ctx[j]) / (ctx[j + 1] - ctx[j])
+
     def _blend(self, stacked: np.ndarray, context_len: int) -> np.ndarray:
         """Interpolate (C, ...) per-context values at ``context_len`` (clamped)."""
         if stacked.shape[0] == 1:
             return stacked[0]
-        ctx = self._ctx_list
-        c = float(min(max(context_len, ctx[0]), ctx[-1]))
-        j = min(max(bisect.bisect_left(ctx, c) - 1, 0), len(ctx) - 2)
-        w = (c - ctx[j]) / (ctx[j + 1] - ctx[j])
+        j, w = self._context_weight(context_len)
         return (1 - w) * stacked[j] + w * stacked[j + 1]
 
     def _blend_at(self, dense: list[list[float]], k: int, context_len: int) -> float:
-        """``_blend`` of column ``k`` of per-context lists, in Python floats (the same
-        interpolation, without numpy's per-call cost on a per-step path)."""
+        """``_blend`` of column ``k`` of per-context lists, in Python floats (without
+        numpy's per-call cost on a per-step path)."""
         if len(dense) == 1:
             return dense[0][k]
-        ctx = self._ctx_list
-        c = float(min(max(context_len, ctx[0]), ctx[-1]))
-        j = min(max(bisect.bisect_left(ctx, c) - 1, 0), len(ctx) - 2)
-        w = (c - ctx[j]) / (ctx[j + 1] - ctx[j])
+        j, w = self._context_weight(context_len)
         return (1 - w) * dense[j][k] + w * dense[j + 1][k]
 
     def cost(self, rows: int | np.ndarray, context_len: int) -> np.ndarray:
