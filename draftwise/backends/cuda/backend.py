@@ -27,7 +27,7 @@ from draftwise.backends.cuda.batch import BatchMixin
 from draftwise.backends.cuda.cpu.int4 import int4_available
 from draftwise.backends.cuda.gpu.graphs import BUCKETS, StepGraphs
 from draftwise.backends.cuda.gpu.sampling import HostStaging, sample_rows
-from draftwise.backends.cuda.invariant import MAX_ROWS, make_plan, min_rows
+from draftwise.backends.cuda.invariant import MAX_ROWS, causal_plan, make_plan, min_rows
 from draftwise.backends.cuda.llama import Llama, causal_mask, read_llama_config, read_weights
 from draftwise.backends.gguf_q4 import FourBit, gguf_source, read_q4_linears
 from draftwise.core.backend import Verified
@@ -293,18 +293,31 @@ class TorchBackend(CacheBook, BatchMixin):
         self._pending = 0
         with torch.inference_mode():
             all_ids = torch.from_numpy(ids).to(self.device)  # (T,)
+            fused = self._fused_prefill()
             for s in range(0, ids.size, PREFILL_CHUNK):
                 chunk = all_ids[s : s + PREFILL_CHUNK]  # (t,)
                 t, start = chunk.shape[0], self._len
                 pos = torch.arange(start, start + t, device=self.device)  # (t,)
-                mask = causal_mask(t, start, self.device) if t > 1 else None  # (t, start+t)
-                self.model.forward(chunk, pos, start, mask, need_logits=False)
+                if fused:  # the verify's own arithmetic: row i sees slots .. start + i
+                    plan = causal_plan(start, t, self._native)
+                    self.model.forward(chunk, pos, start, None, False, plan=plan, n_write=t)
+                else:
+                    mask = causal_mask(t, start, self.device) if t > 1 else None  # (t, start+t)
+                    self.model.forward(chunk, pos, start, mask, need_logits=False)
                 if self._rows is not None:
                     self._record_rows(start, self.model.last_x)
                 self._len += t
             if ids.size:
                 assert self.model.last_x is not None
                 self._hidden_x, self._hidden_len = self.model.last_x[-1], self._len
+
+    def _fused_prefill(self) -> bool:
+        """True where the prompt goes through the compiled 4bit forward (``cpu/fused.py``)
+        that every verify uses: the invariant mode with the compiled attention. A prompt
+        token's K/V then has the bits a plain step at its position would have written
+        (the forward is row-invariant), and the prompt costs about a fifth less than
+        through torch's ops (300 tokens: 175 -> 138 ms on the AMD EPYC Zen 5 VM)."""
+        return self.invariant and self._native is not None and getattr(self.model, "fused", None) is not None
 
     def verify(self, root: int, tree: DraftTree, need_logits: bool) -> Verified:
         host = self._pack(root, tree, 0)

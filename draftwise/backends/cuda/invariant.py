@@ -120,6 +120,26 @@ def make_plan(
     return Plan(shared, torch.from_numpy(idx).to(device), torch.from_numpy(bias).to(device), window=win)
 
 
+def causal_plan(start: int, t: int, native: Any) -> Plan:
+    """The native kernel's plan for ``t`` prompt rows at slots ``start ..``: row i sees
+    the cache below ``start`` and slots ``start .. start + i`` (what ``make_plan`` gives
+    for those lists, built without a Python loop).
+
+    Example::
+
+        >>> p = causal_plan(5, 3, native=None)
+        >>> p.extra.tolist(), p.n_extra.tolist()
+        ([[5, 0, 0], [5, 6, 0], [5, 6, 7]], [1, 2, 3])
+    """
+    if t < 1 or start < 0:
+        raise ValueError(f"a causal plan needs t >= 1 rows at start >= 0, got t={t}, start={start}")
+    ar = np.arange(t, dtype=np.int64)  # (t,)
+    extra = np.where(ar[None, :] <= ar[:, None], start + ar[None, :], 0)  # (t, t)
+    n = np.arange(1, t + 1, dtype=np.int32)  # (t,)
+    empty = torch.empty(0)
+    return Plan(0, empty, empty, start, torch.from_numpy(extra), torch.from_numpy(n), native)
+
+
 def plan_attention(
     q: torch.Tensor, kv: torch.Tensor, plan: Plan, rep: int,
     scale: float | None = None, softcap: float | None = None,

@@ -158,3 +158,19 @@ def test_gathered_and_shared_attention_give_the_same_bits(committed, monkeypatch
         plan = inv.make_plan(committed, [r], torch.device("cpu"))
         alone = inv.block_attention(q[:, i : i + 1], kv, plan, rep=3)  # (1, H D)
         assert torch.equal(alone[0], a[i])
+
+
+@pytest.mark.parametrize("start,t", [(0, 1), (0, 7), (40, 16)])
+def test_causal_plan_is_the_plan_of_prompt_rows(start, t):
+    """``causal_plan`` (the prompt's plan, built without a loop) equals ``make_plan`` over
+    the lists it stands for: row i sees slots ``start .. start + i``."""
+    from draftwise.backends.cuda.invariant import causal_plan, make_plan
+
+    want = make_plan(start, [list(range(start, start + i + 1)) for i in range(t)],
+                     torch.device("cpu"), native=object())
+    got = causal_plan(start, t, native=want.native)
+    assert got.committed == want.committed == start
+    assert torch.equal(got.n_extra, want.n_extra)
+    assert torch.equal(got.extra, want.extra)
+    with pytest.raises(ValueError, match="t >= 1"):
+        causal_plan(start, 0, native=None)

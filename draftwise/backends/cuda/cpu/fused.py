@@ -8,7 +8,8 @@ native 4-bit weight (``int4.Int4Weight`` with the compiled kernel), there are no
 the cache is float32, and the plan attends natively. Otherwise the torch forward runs.
 
 Row-invariant like its parts (each row computed by fixed per-row loops, row-invariant
-matmuls and attention). ``fused_eager.py`` replays it one torch op at a time, bit for bit
+matmuls and attention). The prompt goes through it too (``TorchBackend.prefill`` with a
+causal plan), so a prompt token's K/V has the bits a plain step would have written. ``fused_eager.py`` replays it one torch op at a time, bit for bit
 (``tests/backends/cuda/test_fused.py``).
 
 Example::

@@ -1,7 +1,8 @@
 """The 4bit mode's fused forward (``fused.py``, ``csrc/forward.c``): it is what a native
 4bit model verifies with, it computes the same model as the torch forward (to bfloat16
 rounding), and a row's bits do not depend on the thread count. Row invariance against the
-batch is checked by ``test_invariant.py``'s 4bit cases, which run this path."""
+batch is checked by ``test_invariant.py``'s 4bit cases, which run this path; a prompt goes
+through it too, so its K/V has the bits of plain steps."""
 
 from __future__ import annotations
 
@@ -131,3 +132,41 @@ def test_compiled_and_eager_forwards_agree_bit_for_bit(tmp_path, default_model_d
     for a, b in zip(*runs):
         a, b = (torch.as_tensor(v) for v in (a, b))
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("tiny", [True, False], ids=["tiny", "default-model"])
+def test_a_prefilled_prompt_has_the_bits_of_plain_steps(tmp_path, default_model_dir, tiny, monkeypatch):
+    """The prompt goes through the verify's own forward: its K/V, and the logits after it,
+    equal those of the same tokens fed one plain step at a time (chunks of 16 rows here,
+    so a chunk attends to the slots of the chunks before it)."""
+    from draftwise.backends.cuda import backend as backend_mod
+
+    monkeypatch.setattr(backend_mod, "PREFILL_CHUNK", 16)
+    if tiny:
+        model_dir, vocab = _save_tiny(tmp_path / "m", "llama")[0], 97
+    else:
+        model_dir, vocab = default_model_dir, 49152
+    ctx = np.random.default_rng(11).integers(0, vocab, 60)
+    be = _backend(model_dir, True)
+    assert be._fused_prefill()
+    be.prefill(ctx[:-1])
+    cache = be.model.cache[:, :, :, :59].clone()
+    whole = be.verify(int(ctx[-1]), DraftTree.empty(), need_logits=True).logits
+    be.reset()
+    be.prefill(ctx[:37])  # two full chunks and a part
+    for tok in ctx[37:-1]:
+        be.verify(int(tok), DraftTree.empty(), need_logits=False)
+        be.commit(np.array([0]))
+    assert torch.equal(be.model.cache[:, :, :, :59], cache)
+    steps = be.verify(int(ctx[-1]), DraftTree.empty(), need_logits=True).logits
+    assert np.array_equal(whole, steps)
+
+
+def test_torch_prefill_without_the_fused_forward(tmp_path):
+    """Where the fused forward does not apply, the prompt takes torch's ops (and the
+    backend says so)."""
+    model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+    be = _backend(model_dir, False)
+    assert not be._fused_prefill()
+    be.prefill(np.arange(30) % 97)
+    assert be.cache_len == 30
