@@ -25,6 +25,7 @@ import torch
 
 from draftwise.backends.cuda.batch import BatchMixin
 from draftwise.backends.cuda.cpu.int4 import int4_available
+from draftwise.backends.cuda.cpu.native import native_argmax
 from draftwise.backends.cuda.gpu.graphs import BUCKETS, StepGraphs
 from draftwise.backends.cuda.gpu.sampling import HostStaging, sample_rows
 from draftwise.backends.cuda.invariant import MAX_ROWS, causal_plan, make_plan, min_rows
@@ -151,6 +152,12 @@ class TorchBackend(CacheBook, BatchMixin):
         # once, so plain and tree steps always share one arithmetic.
         self._torch_threads: int | None = None  # torch's count while a step sets its own
         self._native = None
+        # the greedy verify's argmax on CPU (csrc/argmax.c), None: torch's
+        self._argmax_lib = None
+        if self.device.type == "cpu":
+            from draftwise.backends.cuda.cpu.native import argmax_lib
+
+            self._argmax_lib = argmax_lib()
         if (invariant and self.device.type == "cpu" and model.cache_dtype == torch.float32
                 and model.cfg.plain_attention):
             from draftwise.backends.cuda.cpu.native import attention_lib
@@ -429,6 +436,10 @@ class TorchBackend(CacheBook, BatchMixin):
                 # argmax over bfloat16 is slow (0.15 ms a row, 8 ms for 8 rows on 2 threads
                 # on this project's CPU); over the exact float32 copy it is 0.03 ms a row,
                 # with the same answer (first index of the maximum).
+                if (not need_logits and self._argmax_lib is not None and logits.is_contiguous()
+                        and logits.dtype in (torch.bfloat16, torch.float32)):
+                    # greedy: the compiled argmax reads the logits in place (same answer)
+                    return Verified(argmax=native_argmax(self._argmax_lib, logits))
                 lf = logits.float()  # (N+1, V)
                 am = lf.argmax(dim=-1).numpy()  # (N+1,)
                 return Verified(argmax=am, logits=lf.numpy() if need_logits else None)

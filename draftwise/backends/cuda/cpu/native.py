@@ -18,6 +18,9 @@ torch's matmul at 1 to 16 rows on an AMD EPYC Zen 1 (AVX2 only), and a whole flo
 2.5-3.5x faster at 1 to 16 rows on a Zen 4 (AVX-512; see ``f32.py``); the float32 mode takes
 it wherever it exists (``f32_lib()``).
 
+``csrc/argmax.c`` is the greedy verify's argmax over bfloat16 or float32 logits, as
+torch's (first index of the maximum, or of the first NaN), without a float32 copy.
+
 ``csrc/redrafter.c`` is the ReDrafter drafting step in one call (the cell, the context
 attention and copy gate, the ResBlocks and the draft head, int8 weights, float32
 activations): see ``backends/cuda/redrafter/native.py``.
@@ -46,6 +49,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from draftwise.backends.cuda.cpu.bounds import check_slots, check_tensor
@@ -55,7 +59,7 @@ from draftwise.errors import DraftwiseError
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = tuple(
-    CSRC / f for f in ("attention.c", "int4.c", "forward.c", "f32.c", "redrafter.c")
+    CSRC / f for f in ("attention.c", "int4.c", "forward.c", "f32.c", "redrafter.c", "argmax.c")
 )
 HEADERS = (CSRC / "vec.h",)  # not compiled on their own, but part of the build's key
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
@@ -188,6 +192,10 @@ def attention_lib() -> ctypes.CDLL | None:
                         i64, p, p, i32,  # committed, extra, n_extra, e
                         p, p, i32,  # last_x, xn, threads
                     ]
+                    lib.dw_argmax_ok.restype = ctypes.c_int
+                    lib.dw_argmax_ok.argtypes = []
+                    lib.dw_argmax.restype = ctypes.c_int
+                    lib.dw_argmax.argtypes = [p, i32, i64, i64, p]
                     lib.dw_rd_ok.restype = ctypes.c_int
                     lib.dw_rd_ok.argtypes = []
                     rd = lib.dw_rd_step  # argtypes: redrafter/native.py (its structs)
@@ -247,6 +255,33 @@ def native_f32_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> to
         lib.dw_f32_mm(x.data_ptr(), t, k, packed.data_ptr(), tiles * 16, y.data_ptr(),
                       kernel_threads())
     return y
+
+
+def argmax_lib() -> ctypes.CDLL | None:
+    """The compiled row argmax (``csrc/argmax.c``), or None: no compiler,
+    ``DRAFTWISE_NATIVE=0``, or a CPU without AVX-512 (there torch's is as fast)."""
+    lib = attention_lib()
+    return lib if lib is not None and lib.dw_argmax_ok() == 1 else None
+
+
+def native_argmax(lib: ctypes.CDLL, logits: torch.Tensor) -> np.ndarray:
+    """(T, V) bfloat16 or float32 logits on CPU -> (T,) int64: what
+    ``logits.argmax(-1)`` gives (first index of the maximum; a row with a NaN, its first
+    NaN), read in place.
+
+    Example::
+
+        >>> native_argmax(lib, torch.tensor([[1.0, 3.0, 3.0]]))   # doctest: +SKIP
+        array([1])
+    """
+    check_tensor("logits", logits, logits.dtype, 2)
+    if logits.dtype not in (torch.bfloat16, torch.float32) or logits.device.type != "cpu":
+        raise ValueError(f"native argmax needs bfloat16 or float32 logits on CPU, got {logits.dtype}")
+    t, v = logits.shape
+    out = np.empty(t, np.int64)  # (T,)
+    if lib.dw_argmax(logits.data_ptr(), int(logits.dtype == torch.bfloat16), t, v, out.ctypes.data):
+        raise ValueError(f"native argmax takes rows of fewer than 2^31 logits, got {v}")
+    return out
 
 
 def native_int4_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
