@@ -5,11 +5,13 @@ On this project's CPU a one-row step of SmolLM2-135M spent more time dispatching
 ``FusedForward`` runs all 30 layers of a batch-invariant verify in one ``ctypes`` call
 around the compiled int4 matmul and attention; it is used when every block linear is a
 native 4-bit weight (``int4.Int4Weight`` with the compiled kernel), there are no biases,
-the cache is float32, and the plan attends natively. Otherwise the torch forward runs.
+the cache is float32 or bfloat16 (the 4bit mode's: half the bytes a step reads), and the
+plan attends natively. Otherwise the torch forward runs.
 
 Row-invariant like its parts (each row computed by fixed per-row loops, row-invariant
 matmuls and attention). The prompt goes through it too (``TorchBackend.prefill`` with a
-causal plan), so a prompt token's K/V has the bits a plain step would have written. ``fused_eager.py`` replays it one torch op at a time, bit for bit
+causal plan), so a prompt token's K/V has the bits a plain step would have written.
+``fused_eager.py`` replays it one torch op at a time, bit for bit
 (``tests/backends/cuda/test_fused.py``).
 
 Example::
@@ -27,7 +29,7 @@ import torch
 
 from draftwise.backends.cuda.cpu.bounds import check_slots, check_tensor, check_write
 from draftwise.backends.cuda.cpu.int4 import Int4Weight
-from draftwise.backends.cuda.cpu.native import INT4_TILE_BYTES, kernel_threads
+from draftwise.backends.cuda.cpu.native import INT4_TILE_BYTES, KV_DTYPES, kernel_threads
 
 
 class NativePlan(Protocol):
@@ -124,7 +126,8 @@ class FusedForward:
         if (
             lib is None
             or not hasattr(lib, "dw_forward")
-            or model.cache.dtype != torch.float32
+            or model.cache.dtype not in KV_DTYPES
+            or cfg.head_dim > 512  # forward.c's rotated-key buffer
             or cfg.head_dim % 2
             or cfg.dim % 16  # the norms' 16-lane sums (forward.c)
             or cfg.ffn_dim % 16
@@ -161,7 +164,9 @@ class FusedForward:
         cache = m.cache
         if not cache.is_contiguous():
             raise ValueError("the fused forward needs a contiguous cache")
-        check_tensor("cache", cache, torch.float32, 5)
+        check_tensor("cache", cache, cache.dtype, 5)
+        if cache.dtype not in KV_DTYPES:
+            raise ValueError(f"the fused forward needs a float32 or bfloat16 cache, got {cache.dtype}")
         want = (cfg.n_layers, 2, cfg.n_kv_heads, cache.shape[3], cfg.head_dim)
         if tuple(cache.shape) != want:
             raise ValueError(f"cache of shape {tuple(cache.shape)}, the model needs {want}")
@@ -180,7 +185,8 @@ class FusedForward:
             cfg.ffn_dim, cfg.norm_eps,
             x.data_ptr(), t, cos.data_ptr(), sin.data_ptr(),
             *self._w, *self._nw, self._final.data_ptr(),
-            cache.data_ptr(), cache.stride(0), cache.shape[3], start, n_write,
+            cache.data_ptr(), int(cache.dtype == torch.bfloat16), cache.stride(0),
+            cache.shape[3], start, n_write,
             plan.committed, extra.data_ptr(), n_extra.data_ptr(), extra.shape[1],
             last_x.data_ptr(), xn.data_ptr(), kernel_threads(),
         )  # fmt: skip

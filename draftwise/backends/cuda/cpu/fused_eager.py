@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftwise.backends.cuda.cpu.bounds import check_slots, check_tensor, check_write
-from draftwise.backends.cuda.cpu.native import kernel_threads, native_int4_mm
+from draftwise.backends.cuda.cpu.native import KV_DTYPES, kernel_threads, native_int4_mm
 
 if TYPE_CHECKING:
     from draftwise.backends.cuda.cpu.fused import FusedForward, NativePlan
@@ -104,7 +104,9 @@ def eager_forward(
     scale = torch.tensor(1.0, dtype=F32) / _sqrt(torch.tensor(float(d), dtype=F32))
     x = m.embed[tokens].to(torch.bfloat16).to(F32)  # (T, C) residual
     extra, n_extra = plan.extra, plan.n_extra
-    check_tensor("cache", m.cache, F32, 5)  # dw_attention below reads it by these sizes
+    check_tensor("cache", m.cache, m.cache.dtype, 5)  # dw_attention_kv reads it by these sizes
+    if m.cache.dtype not in KV_DTYPES:
+        raise ValueError(f"the fused forward needs a float32 or bfloat16 cache, got {m.cache.dtype}")
     if tuple(m.cache.shape[2:]) != (hkv, m.cache.shape[3], d):
         raise ValueError(f"cache of shape {tuple(m.cache.shape)} for {hkv} heads of size {d}")
     check_write(start, n_write, m.cache.shape[3], rows=t)
@@ -116,12 +118,15 @@ def eager_forward(
         q = _rope(qkv[:, : h * d].view(t, h, d), cos, sin) * scale  # (T, H, D)
         k = _rope(qkv[:, h * d : (h + hkv) * d].view(t, hkv, d), cos, sin)  # (T, H_kv, D)
         v = qkv[:, (h + hkv) * d :].view(t, hkv, d).to(F32)
+        # into the cache's dtype: a bfloat16 cache rounds the rotated key to nearest even
+        # and holds the value as the projection gave it (as forward.c)
         kv[0, :, start : start + n_write] = k[:n_write].transpose(0, 1)
         kv[1, :, start : start + n_write] = v[:n_write].transpose(0, 1)
         o = torch.empty(t, h, d, dtype=F32)
         q = q.contiguous()
-        if lib.dw_attention(
-            q.data_ptr(), kv.data_ptr(), kv.shape[2], h, hkv, d, plan.committed,
+        if lib.dw_attention_kv(
+            q.data_ptr(), kv.data_ptr(), int(kv.dtype == torch.bfloat16), kv.shape[2], h, hkv, d,
+            plan.committed,
             extra.data_ptr(), n_extra.data_ptr(), t, extra.shape[1], o.data_ptr(),
             kernel_threads(),
         ):  # fmt: skip

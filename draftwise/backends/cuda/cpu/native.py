@@ -70,6 +70,9 @@ SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                   "-fno-omit-frame-pointer", "-g")
 INT4_TILE_BYTES = 320  # one 16 x 32 tile of int4.c's 4-bit layout (codes, scales, mins)
 Q8_TILE_BYTES = 544  # one 16 x 32 tile of its Q8_0 layout (codes, scales)
+# the caches the compiled attention reads: float32, and bfloat16 (the 4bit mode's: half
+# the bytes a step streams; 1,024 tokens of SmolLM2's cache: 46 MB float32 a step)
+KV_DTYPES = (torch.float32, torch.bfloat16)
 _lock = threading.Lock()
 _threads = threading.local()  # the calling thread's kernel thread count (kernel_threads)
 _lib: ctypes.CDLL | None = None
@@ -188,10 +191,13 @@ def attention_lib() -> ctypes.CDLL | None:
                         i32, i32, i32, i32, i32, i32, ctypes.c_float,  # sizes, eps
                         p, i32, p, p,  # x_in, t, cos, sin
                         p, p, p, p, p, p, p,  # weights, norms, final norm
-                        p, i64, i64, i64, i32,  # cache, layer stride, tmax, start, n_write
+                        p, i32, i64, i64, i64, i32,  # cache, kv_bf16, layer stride, tmax, start, n_write
                         i64, p, p, i32,  # committed, extra, n_extra, e
                         p, p, i32,  # last_x, xn, threads
                     ]
+                    kv = lib.dw_attention_kv  # dw_attention with a cache dtype flag after it
+                    kv.restype = ctypes.c_int
+                    kv.argtypes = [fn.argtypes[0], p, i32, *fn.argtypes[2:]]
                     lib.dw_argmax_ok.restype = ctypes.c_int
                     lib.dw_argmax_ok.argtypes = []
                     lib.dw_argmax.restype = ctypes.c_int
@@ -313,13 +319,15 @@ def native_attention(
     extra: torch.Tensor,
     n_extra: torch.Tensor,
 ) -> torch.Tensor:
-    """Attention of ``q`` (H, T, D) over one layer's float32 cache ``kv`` (2, H_kv,
-    T_max, D): row i sees slots ``0 .. committed-1`` then ``extra[i, :n_extra[i]]``
-    ((T, E) int64, (T,) int32). Returns (T, H D) float32. Rows of ``q`` beyond
-    ``extra``'s are padding and get row 0's output (as ``block_attention``)."""
-    if kv.dtype != torch.float32 or not kv.is_contiguous() or q.device.type != "cpu":
-        raise ValueError("native attention needs a contiguous float32 CPU cache")
-    check_tensor("kv", kv, torch.float32, 4)
+    """Attention of ``q`` (H, T, D) over one layer's float32 or bfloat16 cache ``kv``
+    (2, H_kv, T_max, D): row i sees slots ``0 .. committed-1`` then
+    ``extra[i, :n_extra[i]]`` ((T, E) int64, (T,) int32). Returns (T, H D) float32. Rows
+    of ``q`` beyond ``extra``'s are padding and get row 0's output (as
+    ``block_attention``). A bfloat16 cache gives the bits of a float32 one holding the
+    same values (each element is widened exactly)."""
+    if kv.dtype not in KV_DTYPES or not kv.is_contiguous() or q.device.type != "cpu":
+        raise ValueError("native attention needs a contiguous float32 or bfloat16 CPU cache")
+    check_tensor("kv", kv, kv.dtype, 4)
     check_tensor("q", q, q.dtype, 3, contiguous=False)
     h, t_all, d = q.shape
     if kv.shape[0] != 2 or kv.shape[3] != d:
@@ -334,9 +342,9 @@ def native_attention(
     e = extra.shape[1]
     qs = (q[:, :t].float() * d**-0.5).transpose(0, 1).contiguous()  # (T, H, D)
     out = torch.empty((t, h, d), dtype=torch.float32)  # (T, H, D)
-    failed = lib.dw_attention(
-        qs.data_ptr(), kv.data_ptr(), tmax, h, hkv, d, committed, extra.data_ptr(),
-        n_extra.data_ptr(), t, e, out.data_ptr(), kernel_threads(),
+    failed = lib.dw_attention_kv(
+        qs.data_ptr(), kv.data_ptr(), int(kv.dtype == torch.bfloat16), tmax, h, hkv, d,
+        committed, extra.data_ptr(), n_extra.data_ptr(), t, e, out.data_ptr(), kernel_threads(),
     )
     if failed:
         raise MemoryError("native attention could not allocate its score buffer")

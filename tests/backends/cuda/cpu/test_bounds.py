@@ -47,7 +47,9 @@ def attention_args(rows: int = 3, e: int = 4, committed: int = 10):
 def test_in_range_arguments_reach_the_library():
     lib = Recorder()
     native.native_attention(lib, *attention_args())
-    assert lib.calls == ["dw_attention"]
+    q, kv, *rest = attention_args()
+    native.native_attention(lib, q, kv.bfloat16(), *rest)  # the 4bit mode's cache
+    assert lib.calls == ["dw_attention_kv", "dw_attention_kv"]
 
 
 @pytest.mark.parametrize(
@@ -77,7 +79,7 @@ def test_bad_slots_raise_before_c(change, needle):
         (3, lambda: torch.zeros(4, 3, dtype=torch.int64).t(), "extra must be contiguous"),
         (3, lambda: torch.zeros(5, 4, dtype=torch.int64), "slot tables of 5 rows for 3 query rows"),
         (4, lambda: torch.zeros(2, dtype=torch.int32), "slot tables of 3 and 2 rows"),
-        (1, lambda: torch.zeros(2, HKV, TMAX, D, dtype=torch.float64), "contiguous float32 CPU cache"),
+        (1, lambda: torch.zeros(2, HKV, TMAX, D, dtype=torch.float64), "float32 or bfloat16 CPU cache"),
         (1, lambda: torch.zeros(2, HKV, TMAX, 8), "for queries of head size 16"),
         (1, lambda: torch.zeros(2, 3, TMAX, D), "4 query heads over 3 key/value heads"),
     ],

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(
 def _backend(model_dir, fused: bool) -> TorchBackend:
     be = TorchBackend.from_pretrained(model_dir, dtype="4bit", device="cpu", max_cache_len=512)
     assert be.model.fused is not None
+    assert be.model.cache.dtype == torch.bfloat16  # the 4bit mode's cache (half the bytes)
     if not fused:
         be.model.fused = None  # the torch ops, same weights and kernels
     return be

@@ -55,13 +55,31 @@ def _extra(plan):
     return plan.extra, plan.n_extra
 
 
-def test_a_row_has_the_same_bits_alone_and_in_any_tree_at_any_thread_count(lib):
+@pytest.mark.parametrize("committed", [1, 63, 300])
+@pytest.mark.parametrize("head", [64, 80], ids=["d64", "d80"])
+def test_a_bfloat16_cache_gives_the_bits_of_its_float32_values(lib, committed, head):
+    """The 4bit mode's cache: each bfloat16 element widens exactly, so the attention over
+    it equals, bit for bit, the float32 attention over the same values."""
+    rows = _rows(committed, 9, np.random.default_rng(committed + head))
+    g = torch.Generator().manual_seed(head)
+    kv = torch.randn(2, HKV, TMAX, head, generator=g).bfloat16()  # (2, H_kv, T_max, D)
+    q = torch.randn(H, len(rows), head, generator=g).bfloat16()  # (H, T, D)
+    tables = _extra(make_plan(committed, rows, torch.device("cpu"), lib))
+    got = native.native_attention(lib, q, kv, committed, *tables)
+    want = native.native_attention(lib, q, kv.float(), committed, *tables)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_a_row_has_the_same_bits_alone_and_in_any_tree_at_any_thread_count(lib, kv_dtype):
     """Row i of a tree verify == the plain one-row step at the same position: committed
-    c + depth, its own slot as the one extra key; with 1 and 2 threads."""
+    c + depth, its own slot as the one extra key; with 1 and 2 threads, over a float32
+    and a bfloat16 cache."""
     rng = np.random.default_rng(7)
     committed = 200
     rows = _rows(committed, 24, rng)
     q, kv = _case(1, committed, rows)
+    kv = kv.to(kv_dtype)
     # The plain step of row i sees the same logical keys at slots 0..c+depth: lay them out
     # that way in a second cache and query it alone.
     old = torch.get_num_threads()

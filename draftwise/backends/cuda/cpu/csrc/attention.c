@@ -12,7 +12,10 @@
  * thread count.
  *
  * Shapes: q (T, H, D) float32, already scaled by 1/sqrt(D); cache (2, Hkv, Tmax, D)
- * float32 (one layer: K then V); extra (T, E) int64; n_extra (T,) int32; out (T, H, D).
+ * (one layer: K then V), float32 or, in dw_attention_kv with kv_bf16 = 1, bfloat16 (the
+ * 4bit mode's cache: half the bytes a step reads; each element is widened to the float32
+ * it stands for, so a bfloat16 cache gives the bits of a float32 cache holding the same
+ * values); extra (T, E) int64; n_extra (T,) int32; out (T, H, D).
  */
 #include <math.h>
 #include <stdint.h>
@@ -41,18 +44,26 @@ static inline float dw_exp(float x) {
     return p * s.f;
 }
 
-static void one_row_head(const float *qv, const float *K, const float *V, int64_t committed,
-                         const int64_t *extra, int64_t n_extra, int d, float *s, float *o) {
+/* Element i of a cache of float32 (bf = 0) or bfloat16 (bf = 1) numbers, as float32. */
+static inline float kv_at(const void *base, int64_t i, int bf) {
+    if (!bf) return ((const float *)base)[i];
+    union { uint32_t u; float f; } c;
+    c.u = (uint32_t)((const uint16_t *)base)[i] << 16;
+    return c.f;
+}
+
+static void one_row_head(const float *qv, const void *K, const void *V, int64_t committed,
+                         const int64_t *extra, int64_t n_extra, int d, float *s, float *o,
+                         int bf) {
     int64_t len = committed + n_extra;
     float m = -INFINITY;
     for (int64_t j = 0; j < len; j++) {
-        int64_t slot = j < committed ? j : extra[j - committed];
-        const float *k = K + slot * d;
+        int64_t k = (j < committed ? j : extra[j - committed]) * d; /* the key's first element */
         float acc[LANES] = {0};
         int x = 0;
         for (; x + LANES <= d; x += LANES)
-            for (int l = 0; l < LANES; l++) acc[l] += qv[x + l] * k[x + l];
-        for (int l = 0; x < d; x++, l++) acc[l] += qv[x] * k[x];
+            for (int l = 0; l < LANES; l++) acc[l] += qv[x + l] * kv_at(K, k + x + l, bf);
+        for (int l = 0; x < d; x++, l++) acc[l] += qv[x] * kv_at(K, k + x, bf);
         for (int w = LANES / 2; w > 0; w /= 2) /* fixed pairwise combine */
             for (int l = 0; l < w; l++) acc[l] += acc[l + w];
         s[j] = acc[0];
@@ -63,10 +74,9 @@ static void one_row_head(const float *qv, const float *K, const float *V, int64_
     for (int64_t j = 0; j < len; j++) sum += s[j];
     for (int x = 0; x < d; x++) o[x] = 0.0f;
     for (int64_t j = 0; j < len; j++) {
-        int64_t slot = j < committed ? j : extra[j - committed];
-        const float *v = V + slot * d;
+        int64_t v = (j < committed ? j : extra[j - committed]) * d;
         float p = s[j];
-        for (int x = 0; x < d; x++) o[x] += p * v[x];
+        for (int x = 0; x < d; x++) o[x] += p * kv_at(V, v + x, bf);
     }
     float inv = 1.0f / sum;
     for (int x = 0; x < d; x++) o[x] *= inv;
@@ -74,6 +84,14 @@ static void one_row_head(const float *qv, const float *K, const float *V, int64_
 
 #if defined(__AVX512F__)
 #include "vec.h"
+
+/* 16 cache elements from element i on, as float32: a float32 cache (BF = 0, a
+ * compile-time constant) or a bfloat16 one (BF = 1), widened exactly. */
+static inline __attribute__((always_inline)) __m512 kv16(const void *base, int64_t i, const int BF) {
+    if (!BF) return _mm512_loadu_ps((const float *)base + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
 
 /* 16 vectors -> one: lane u of the result is the sum of a[u]'s 16 lanes (a fixed
  * transpose-and-add tree). */
@@ -95,15 +113,15 @@ static inline __m512 sum16x16(const __m512 *a) {
 
 /* Scores of 16 keys starting at logical position j for one query (NV vectors). */
 static inline __attribute__((always_inline)) __m512 scores16(
-    const __m512 *q, const float *K, int64_t j, int64_t committed, const int64_t *extra,
-    const int NV) {
+    const __m512 *q, const void *K, int64_t j, int64_t committed, const int64_t *extra,
+    const int NV, const int BF) {
     const int d = 16 * NV;
     __m512 a[16];
     for (int u = 0; u < 16; u++) {
         int64_t jj = j + u;
-        const float *k = K + (jj < committed ? jj : extra[jj - committed]) * d;
-        a[u] = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
-        for (int v = 1; v < NV; v++) a[u] = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), a[u]);
+        int64_t k = (jj < committed ? jj : extra[jj - committed]) * d;
+        a[u] = _mm512_mul_ps(q[0], kv16(K, k, BF));
+        for (int v = 1; v < NV; v++) a[u] = _mm512_fmadd_ps(q[v], kv16(K, k + 16 * v, BF), a[u]);
     }
     return sum16x16(a);
 }
@@ -120,27 +138,27 @@ static inline __attribute__((always_inline)) __m512 scores16(
  * while their 16 keys (or values) sit in L1: the same operations in another order, so the
  * bits are those of the row computed alone. q and out rows are ld floats apart. */
 static inline __attribute__((always_inline)) void head_rows_nv(
-    const float *qh, int64_t ld, const float *K, const float *V, int64_t committed,
+    const float *qh, int64_t ld, const void *K, const void *V, int64_t committed,
     const int64_t *extra, int e, const int32_t *n_extra, int t, float *s, int64_t lds,
-    float *accs, float *oh, const int NV) {
+    float *accs, float *oh, const int NV, const int BF) {
     const int d = 16 * NV;
     int64_t shared = committed / 16 * 16;
     __m512 q[NV];
     for (int64_t j = 0; j < shared; j += 16)
         for (int r = 0; r < t; r++) {
             for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qh + r * ld + 16 * v);
-            _mm512_storeu_ps(s + r * lds + j, scores16(q, K, j, committed, NULL, NV));
+            _mm512_storeu_ps(s + r * lds + j, scores16(q, K, j, committed, NULL, NV, BF));
         }
     for (int r = 0; r < t; r++) {
         const int64_t *ex = extra + (int64_t)r * e;
         float *sr = s + r * lds;
         int64_t len = committed + n_extra[r], j = shared;
         for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qh + r * ld + 16 * v);
-        for (; j + 16 <= len; j += 16) _mm512_storeu_ps(sr + j, scores16(q, K, j, committed, ex, NV));
+        for (; j + 16 <= len; j += 16) _mm512_storeu_ps(sr + j, scores16(q, K, j, committed, ex, NV, BF));
         for (; j < len; j++) {
-            const float *k = K + (j < committed ? j : ex[j - committed]) * d;
-            __m512 a = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
-            for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), a);
+            int64_t k = (j < committed ? j : ex[j - committed]) * d;
+            __m512 a = _mm512_mul_ps(q[0], kv16(K, k, BF));
+            for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(q[v], kv16(K, k + 16 * v, BF), a);
             sr[j] = _mm512_reduce_add_ps(a);
         }
         __m512 mx = _mm512_set1_ps(-INFINITY);
@@ -169,9 +187,9 @@ static inline __attribute__((always_inline)) void head_rows_nv(
                 for (int v = 0; v < NV; v++) acc[w][v] = _mm512_loadu_ps(ar + (w * NV + v) * 16);
             for (int64_t jj = j; jj < j + 16; jj += 4)
                 for (int w = 0; w < 4; w++) {
-                    const float *vv = V + (jj + w) * d;
+                    int64_t vv = (jj + w) * d;
                     __m512 p = _mm512_set1_ps(s[r * lds + jj + w]);
-                    for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vv + 16 * v), acc[w][v]);
+                    for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, kv16(V, vv + 16 * v, BF), acc[w][v]);
                 }
             for (int w = 0; w < 4; w++)
                 for (int v = 0; v < NV; v++) _mm512_storeu_ps(ar + (w * NV + v) * 16, acc[w][v]);
@@ -187,14 +205,14 @@ static inline __attribute__((always_inline)) void head_rows_nv(
         for (; j + 4 <= len; j += 4)
             for (int w = 0; w < 4; w++) {
                 int64_t jj = j + w;
-                const float *vv = V + (jj < committed ? jj : ex[jj - committed]) * d;
+                int64_t vv = (jj < committed ? jj : ex[jj - committed]) * d;
                 __m512 p = _mm512_set1_ps(sr[jj]);
-                for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vv + 16 * v), acc[w][v]);
+                for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, kv16(V, vv + 16 * v, BF), acc[w][v]);
             }
         for (int w = 0; j < len; j++, w++) {
-            const float *vv = V + (j < committed ? j : ex[j - committed]) * d;
+            int64_t vv = (j < committed ? j : ex[j - committed]) * d;
             __m512 p = _mm512_set1_ps(sr[j]);
-            for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vv + 16 * v), acc[w][v]);
+            for (int v = 0; v < NV; v++) acc[w][v] = _mm512_fmadd_ps(p, kv16(V, vv + 16 * v, BF), acc[w][v]);
         }
         __m512 iv = _mm512_set1_ps(sr[lds - 1]);
         for (int v = 0; v < NV; v++) {
@@ -204,12 +222,15 @@ static inline __attribute__((always_inline)) void head_rows_nv(
     }
 }
 
-#define NV_CASE(n) case n: head_rows_nv(qh, ld, K, V, committed, extra, e, n_extra, t, s, lds, accs, oh, n); return 1;
+#define NV_CASE(n) case n: \
+    if (bf) head_rows_nv(qh, ld, K, V, committed, extra, e, n_extra, t, s, lds, accs, oh, n, 1); \
+    else head_rows_nv(qh, ld, K, V, committed, extra, e, n_extra, t, s, lds, accs, oh, n, 0); \
+    return 1;
 /* The vectorised path for head sizes 64, 80, 96 and 128; 0 for others. */
-static int head_rows_vec(const float *qh, int64_t ld, const float *K, const float *V,
+static int head_rows_vec(const float *qh, int64_t ld, const void *K, const void *V,
                          int64_t committed, const int64_t *extra, int e,
                          const int32_t *n_extra, int t, float *s, int64_t lds, float *accs,
-                         float *oh, int d) {
+                         float *oh, int d, int bf) {
     if (d % 16) return 0;
     /* the common head sizes 64, 80, 96, 128 (each case is a fully unrolled copy: all 16
      * took 9 s to compile); other sizes take the plain C loop */
@@ -218,9 +239,12 @@ static int head_rows_vec(const float *qh, int64_t ld, const float *K, const floa
 }
 #endif
 
-int dw_attention(const float *q, const float *cache, int64_t tmax, int h, int hkv, int d,
-                 int64_t committed, const int64_t *extra, const int32_t *n_extra, int t,
-                 int e, float *out, int threads) {
+/* The attention over a float32 (kv_bf16 = 0) or bfloat16 (kv_bf16 = 1) cache. */
+int dw_attention_kv(const float *q, const void *cache, int kv_bf16, int64_t tmax, int h,
+                    int hkv, int d, int64_t committed, const int64_t *extra,
+                    const int32_t *n_extra, int t, int e, float *out, int threads) {
+    const int bf = kv_bf16 != 0;
+    const size_t elem = bf ? sizeof(uint16_t) : sizeof(float);
     int rep = h / hkv;
     int64_t most = 0;
     for (int i = 0; i < t; i++) most = n_extra[i] > most ? n_extra[i] : most;
@@ -240,10 +264,10 @@ int dw_attention(const float *q, const float *cache, int64_t tmax, int h, int hk
             for (int hh = 0; hh < h; hh++) {
                 if (s == NULL || accs == NULL) continue;
                 int g = hh / rep;
-                const float *K = cache + ((int64_t)g * tmax) * d;
-                const float *V = cache + ((int64_t)(hkv + g) * tmax) * d;
+                const char *K = (const char *)cache + (size_t)g * tmax * d * elem;
+                const char *V = (const char *)cache + (size_t)(hkv + g) * tmax * d * elem;
                 head_rows_vec(q + (int64_t)hh * d, (int64_t)h * d, K, V, committed, extra, e,
-                              n_extra, t, s, lds, accs, out + (int64_t)hh * d, d);
+                              n_extra, t, s, lds, accs, out + (int64_t)hh * d, d, bf);
             }
             free(s);
             free(accs);
@@ -263,12 +287,20 @@ int dw_attention(const float *q, const float *cache, int64_t tmax, int h, int hk
         for (int64_t th = 0; th < total; th++) {
             if (s == NULL) continue;
             int i = (int)(th / h), hh = (int)(th % h), g = hh / rep;
-            const float *K = cache + ((int64_t)g * tmax) * d;
-            const float *V = cache + ((int64_t)(hkv + g) * tmax) * d;
+            const char *K = (const char *)cache + (size_t)g * tmax * d * elem;
+            const char *V = (const char *)cache + (size_t)(hkv + g) * tmax * d * elem;
             one_row_head(q + th * d, K, V, committed, extra + (int64_t)i * e, n_extra[i], d, s,
-                         out + th * d);
+                         out + th * d, bf);
         }
         free(s);
     }
     return failed;
+}
+
+/* The attention over a float32 cache (dw_attention_kv with kv_bf16 = 0). */
+int dw_attention(const float *q, const float *cache, int64_t tmax, int h, int hkv, int d,
+                 int64_t committed, const int64_t *extra, const int32_t *n_extra, int t,
+                 int e, float *out, int threads) {
+    return dw_attention_kv(q, cache, 0, tmax, h, hkv, d, committed, extra, n_extra, t, e, out,
+                           threads);
 }

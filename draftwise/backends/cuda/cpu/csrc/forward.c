@@ -10,14 +10,16 @@
  * on how many rows are verified together, nor on the thread count).
  *
  * Arithmetic: the residual stream is float32; matmul inputs are rounded to bfloat16 (round
- * to nearest even, as torch); RMSNorm, RoPE, SiLU in float32; the K/V cache is float32.
+ * to nearest even, as torch); RMSNorm, RoPE, SiLU in float32; the K/V cache is float32, or
+ * bfloat16 with kv_bf16 (the 4bit mode's: a rotated key rounded to nearest even, a value
+ * stored as the bfloat16 the projection gave).
  * Compiled as ISO C (no contraction into fused multiply-adds), every step is one IEEE
  * operation that fused_eager.py replays with a torch op: keep the two in step.
  *
  * Shapes: x_in (T, C) bf16 embeddings; cos, sin (T, D) float32 at each row's position;
  * per layer l: wqkv[l], wo[l], w13[l], w2[l] packed 4-bit weights (int4.c's layout),
- * attn_norm[l], mlp_norm[l] (C,) bf16; final_norm (C,) bf16; cache float32, layer l at
- * cache + l * layer_stride laid out (2, Hkv, Tmax, D). Rows 0 .. n_write-1 write their K/V
+ * attn_norm[l], mlp_norm[l] (C,) bf16; final_norm (C,) bf16; cache float32 (kv_bf16 = 0)
+ * or bfloat16 (1), layer l at cache + l * layer_stride elements, laid out (2, Hkv, Tmax, D). Rows 0 .. n_write-1 write their K/V
  * at slots start + i. Row i attends over slots 0 .. committed-1, then extra[i, :n_extra[i]].
  * Outputs: last_x (T, C) bf16 (the residual after the last layer), xn (T, C) bf16 (its
  * final norm: what the output head reads).
@@ -31,9 +33,9 @@
 
 int dw_int4_mm(const uint16_t *x, int64_t t, int64_t k, const uint8_t *packed, int64_t n,
                uint16_t *y, int threads);
-int dw_attention(const float *q, const float *cache, int64_t tmax, int h, int hkv, int d,
-                 int64_t committed, const int64_t *extra, const int32_t *n_extra, int t, int e,
-                 float *out, int threads);
+int dw_attention_kv(const float *q, const void *cache, int kv_bf16, int64_t tmax, int h,
+                    int hkv, int d, int64_t committed, const int64_t *extra,
+                    const int32_t *n_extra, int t, int e, float *out, int threads);
 
 static inline float from_bf16(uint16_t v) {
     union { uint32_t u; float f; } c;
@@ -110,7 +112,7 @@ int dw_forward(int n_layers, int c, int h, int hkv, int d, int f, float eps,
                const uint8_t *const *wqkv, const uint8_t *const *wo,
                const uint8_t *const *w13, const uint8_t *const *w2,
                const uint16_t *const *attn_norm, const uint16_t *const *mlp_norm,
-               const uint16_t *final_norm, float *cache, int64_t layer_stride, int64_t tmax,
+               const uint16_t *final_norm, void *cache, int kv_bf16, int64_t layer_stride, int64_t tmax,
                int64_t start, int n_write, int64_t committed, const int64_t *extra,
                const int32_t *n_extra, int e, uint16_t *last_x, uint16_t *xn, int threads) {
     int nqkv = (h + 2 * hkv) * d;
@@ -120,12 +122,15 @@ int dw_forward(int n_layers, int c, int h, int hkv, int d, int f, float eps,
     uint16_t *act = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)t * (f > c ? f : c));
     float *q = (float *)malloc(sizeof(float) * (size_t)t * h * d);
     float *o = (float *)malloc(sizeof(float) * (size_t)t * h * d);
-    int failed = x == NULL || hn == NULL || big == NULL || act == NULL || q == NULL || o == NULL;
+    float kr[512]; /* one rotated key before it is rounded into a bfloat16 cache (D <= 512) */
+    const size_t elem = kv_bf16 ? sizeof(uint16_t) : sizeof(float);
+    int failed = x == NULL || hn == NULL || big == NULL || act == NULL || q == NULL || o == NULL
+                 || d > 512;
     if (!failed) {
         for (int64_t i = 0; i < (int64_t)t * c; i++) x[i] = from_bf16(x_in[i]);
         float scale = 1.0f / sqrtf((float)d);
         for (int l = 0; l < n_layers && !failed; l++) {
-            float *kv = cache + (int64_t)l * layer_stride;
+            char *kv = (char *)cache + (size_t)l * layer_stride * elem;
             rms_norm(x, attn_norm[l], t, c, eps, hn);
             failed |= dw_int4_mm(hn, t, c, wqkv[l], nqkv, big, threads);
             for (int i = 0; i < t; i++) {
@@ -138,14 +143,23 @@ int dw_forward(int n_layers, int c, int h, int hkv, int d, int f, float eps,
                 }
                 if (i >= n_write) continue;
                 for (int g = 0; g < hkv; g++) {
-                    float *kslot = kv + ((int64_t)g * tmax + start + i) * d;
-                    float *vslot = kv + ((int64_t)(hkv + g) * tmax + start + i) * d;
-                    rope(row + (h + g) * d, cs, sn, d, kslot);
-                    for (int j = 0; j < d; j++) vslot[j] = from_bf16(row[(h + hkv + g) * d + j]);
+                    size_t ks = (size_t)((int64_t)g * tmax + start + i) * d;
+                    size_t vs = (size_t)((int64_t)(hkv + g) * tmax + start + i) * d;
+                    const uint16_t *vrow = row + (h + hkv + g) * d;
+                    if (kv_bf16) {
+                        uint16_t *kslot = (uint16_t *)kv + ks, *vslot = (uint16_t *)kv + vs;
+                        rope(row + (h + g) * d, cs, sn, d, kr);
+                        for (int j = 0; j < d; j++) kslot[j] = to_bf16(kr[j]);
+                        memcpy(vslot, vrow, sizeof(uint16_t) * (size_t)d);
+                    } else {
+                        float *kslot = (float *)kv + ks, *vslot = (float *)kv + vs;
+                        rope(row + (h + g) * d, cs, sn, d, kslot);
+                        for (int j = 0; j < d; j++) vslot[j] = from_bf16(vrow[j]);
+                    }
                 }
             }
-            failed |= dw_attention(q, kv, tmax, h, hkv, d, committed, extra, n_extra, t, e, o,
-                                   threads);
+            failed |= dw_attention_kv(q, kv, kv_bf16, tmax, h, hkv, d, committed, extra, n_extra,
+                                      t, e, o, threads);
             for (int64_t i = 0; i < (int64_t)t * h * d; i++) hn[i] = to_bf16(o[i]);
             failed |= dw_int4_mm(hn, t, (int64_t)h * d, wo[l], c, act, threads);
             for (int64_t i = 0; i < (int64_t)t * c; i++) x[i] += from_bf16(act[i]);
