@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from draftwise.backends.gguf_index import GGUFIndex
 from draftwise.errors import DraftwiseError
 
 GROUP = 32  # inputs per block: one scale and one zero each
@@ -163,20 +164,16 @@ def read_q4_linears(path: str | os.PathLike[str]) -> dict[str, Q4]:
     Face name (see the module docstring), and the output head as ``HEAD`` when it is Q8_0
     or Q4_0 / Q4_1 (a Q8_0 one split by ``split_q8``); other tensors (norms, the Q6_K
     tensors of a Q4_K_M file) are left out: they stay dense."""
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # noqa: BLE001 - gguf raises anything (IndexError...) on a bad file
-        raise DraftwiseError(f"cannot read GGUF file {path}: {e!r}") from None
-    arch = _field(reader, "general.architecture", "llama")
-    heads = int(_field(reader, f"{arch}.attention.head_count", 0))
-    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
+    index = GGUFIndex(path)  # the tensor index only: ~3 s less than gguf's reader
+    fields = index.fields
+    arch = str(fields.get("general.architecture", "llama"))
+    heads = int(fields.get(f"{arch}.attention.head_count", 0))  # type: ignore[call-overload]
+    kv_heads = int(fields.get(f"{arch}.attention.head_count_kv", heads))  # type: ignore[call-overload]
     out: dict[str, Q4] = {}
-    names = {t.name for t in reader.tensors}
+    names = {t.name for t in index.tensors}
     head_name = "output.weight" if "output.weight" in names else "token_embd.weight"
-    for t in reader.tensors:
-        kind = t.tensor_type.name
+    for t in index.tensors:
+        kind = t.kind
         if t.name == head_name and kind in ("Q8_0", "Q4_0", "Q4_1"):
             k = int(t.shape[0])
             raw = np.asarray(t.data)
@@ -214,11 +211,3 @@ def dequantize(q4: Q4, inputs: int | None = None) -> np.ndarray:
     return w
 
 
-def _field(reader: object, key: str, default: object) -> object:
-    f = reader.fields.get(key)  # type: ignore[attr-defined]
-    if f is None:
-        return default
-    val = f.parts[f.data[0]]
-    if val.dtype == np.uint8:  # a string
-        return bytes(val).decode()
-    return val[0].item()
