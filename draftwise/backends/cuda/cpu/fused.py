@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 import torch
 
-from draftwise.backends.cuda.cpu.bounds import check_slots, check_tensor, check_write
+from draftwise.backends.cuda.cpu.bounds import KV_DTYPES, check_cache, check_slots, check_write
 from draftwise.backends.cuda.cpu.int4 import Int4Weight
-from draftwise.backends.cuda.cpu.native import INT4_TILE_BYTES, KV_DTYPES, kernel_threads
+from draftwise.backends.cuda.cpu.native import INT4_TILE_BYTES, kernel_threads
 
 
 class NativePlan(Protocol):
@@ -164,9 +164,7 @@ class FusedForward:
         cache = m.cache
         if not cache.is_contiguous():
             raise ValueError("the fused forward needs a contiguous cache")
-        check_tensor("cache", cache, cache.dtype, 5)
-        if cache.dtype not in KV_DTYPES:
-            raise ValueError(f"the fused forward needs a float32 or bfloat16 cache, got {cache.dtype}")
+        check_cache("cache", cache, 5)
         want = (cfg.n_layers, 2, cfg.n_kv_heads, cache.shape[3], cfg.head_dim)
         if tuple(cache.shape) != want:
             raise ValueError(f"cache of shape {tuple(cache.shape)}, the model needs {want}")

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from draftwise.backends.cuda.cpu.bounds import check_slots, check_tensor, check_write
-from draftwise.backends.cuda.cpu.native import KV_DTYPES, kernel_threads, native_int4_mm
+from draftwise.backends.cuda.cpu.bounds import check_cache, check_slots, check_write
+from draftwise.backends.cuda.cpu.native import kernel_threads, native_int4_mm
 
 if TYPE_CHECKING:
     from draftwise.backends.cuda.cpu.fused import FusedForward, NativePlan
@@ -104,9 +104,7 @@ def eager_forward(
     scale = torch.tensor(1.0, dtype=F32) / _sqrt(torch.tensor(float(d), dtype=F32))
     x = m.embed[tokens].to(torch.bfloat16).to(F32)  # (T, C) residual
     extra, n_extra = plan.extra, plan.n_extra
-    check_tensor("cache", m.cache, m.cache.dtype, 5)  # dw_attention_kv reads it by these sizes
-    if m.cache.dtype not in KV_DTYPES:
-        raise ValueError(f"the fused forward needs a float32 or bfloat16 cache, got {m.cache.dtype}")
+    check_cache("cache", m.cache, 5)  # dw_attention_kv reads it by these sizes
     if tuple(m.cache.shape[2:]) != (hkv, m.cache.shape[3], d):
         raise ValueError(f"cache of shape {tuple(m.cache.shape)} for {hkv} heads of size {d}")
     check_write(start, n_write, m.cache.shape[3], rows=t)

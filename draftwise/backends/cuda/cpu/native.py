@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftwise.backends.cuda.cpu.bounds import check_slots, check_tensor
+from draftwise.backends.cuda.cpu.bounds import KV_DTYPES, check_slots, check_tensor
 from draftwise.core.device import cpu_flags, cpu_name
 from draftwise.core.paths import cache_dir
 from draftwise.errors import DraftwiseError
@@ -70,9 +70,6 @@ SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                   "-fno-omit-frame-pointer", "-g")
 INT4_TILE_BYTES = 320  # one 16 x 32 tile of int4.c's 4-bit layout (codes, scales, mins)
 Q8_TILE_BYTES = 544  # one 16 x 32 tile of its Q8_0 layout (codes, scales)
-# the caches the compiled attention reads: float32, and bfloat16 (the 4bit mode's: half
-# the bytes a step streams; 1,024 tokens of SmolLM2's cache: 46 MB float32 a step)
-KV_DTYPES = (torch.float32, torch.bfloat16)
 _lock = threading.Lock()
 _threads = threading.local()  # the calling thread's kernel thread count (kernel_threads)
 _lib: ctypes.CDLL | None = None
@@ -191,7 +188,8 @@ def attention_lib() -> ctypes.CDLL | None:
                         i32, i32, i32, i32, i32, i32, ctypes.c_float,  # sizes, eps
                         p, i32, p, p,  # x_in, t, cos, sin
                         p, p, p, p, p, p, p,  # weights, norms, final norm
-                        p, i32, i64, i64, i64, i32,  # cache, kv_bf16, layer stride, tmax, start, n_write
+                        p, i32, i64, i64,  # cache, kv_bf16, layer stride, tmax
+                        i64, i32,  # start, n_write
                         i64, p, p, i32,  # committed, extra, n_extra, e
                         p, p, i32,  # last_x, xn, threads
                     ]
@@ -282,7 +280,9 @@ def native_argmax(lib: ctypes.CDLL, logits: torch.Tensor) -> np.ndarray:
     """
     check_tensor("logits", logits, logits.dtype, 2)
     if logits.dtype not in (torch.bfloat16, torch.float32) or logits.device.type != "cpu":
-        raise ValueError(f"native argmax needs bfloat16 or float32 logits on CPU, got {logits.dtype}")
+        raise ValueError(
+            f"native argmax needs bfloat16 or float32 logits on CPU, got {logits.dtype}"
+        )
     t, v = logits.shape
     out = np.empty(t, np.int64)  # (T,)
     if lib.dw_argmax(logits.data_ptr(), int(logits.dtype == torch.bfloat16), t, v, out.ctypes.data):
