@@ -67,6 +67,9 @@ class RecurrentNet(Protocol):
         """(B,) target ids, (B,) rows of the previous step (-1: the initial state) ->
         (B, K) log-probabilities over the draft vocabulary."""
 
+    # Optional: ``index(context)``, the context's entries and extra ids ahead of the first
+    # ``start`` (what that ``start`` would add): ``begin`` calls it, so a text's first
+    # proposal does not index the whole prompt.
     # Optional: ``chain(root, t, min_path=None) -> ((n,) target ids, (n,) log-probs)``, the
     # width-1 beam in one call (the compiled CPU step has it), ending early where a path
     # log-probability falls below ``min_path``'s next entry; ``ReDrafter`` takes it when
@@ -116,7 +119,12 @@ class ReDrafter:
         }
 
     def begin(self, prompt: np.ndarray) -> None:
-        pass
+        # The prompt's context entries now, with the prefill, where the network keeps
+        # them (``index``): else the first proposal builds them all, about ten steps'
+        # drafting in one step.
+        index = getattr(self.net, "index", None)
+        if index is not None and prompt.size >= 2:
+            index(prompt)
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         self.last, self.last_beam = None, None

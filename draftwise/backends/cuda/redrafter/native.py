@@ -261,6 +261,15 @@ class NativeRecurrentStep(TorchRecurrentStep):
         self._s_np = None
         return True
 
+    def index(self, context: np.ndarray) -> None:
+        """What ``start`` adds for ``context`` (the cached tokens and the root) ahead of
+        it: the extra ids and the new context entries (``ReDrafter.begin`` calls it)."""
+        ctx = np.asarray(context, np.int64)
+        if self.extend:
+            self.vocab_ids = self._vocab.update(ctx)  # (K + E,)
+        if self._d:
+            self._add_entries_np(ctx)
+
     def _residual_rows(self, start: int) -> tuple[int, object | None] | None:
         """``hidden_rows`` for ``ContextEntries.update``, without the final norm (the
         compiled entries apply it): (first, (n, C) float32 array or None)."""

@@ -175,6 +175,16 @@ class TorchRecurrentStep:
         self._s = None
         return True
 
+    def index(self, context: np.ndarray) -> None:
+        """What ``start`` adds for ``context`` (the cached tokens and the root) ahead of
+        it: the extra ids and the new context entries (``ReDrafter.begin`` calls it)."""
+        ctx = np.asarray(context, np.int64)
+        with torch.inference_mode():
+            if self.extend:
+                self.vocab_ids = self._vocab.update(ctx)  # (K + E,)
+            if self.net.cfg.context_dim:
+                self._add_entries(ctx)
+
     def _add_entries(self, context: np.ndarray) -> None:
         """Entries of the new positions (``core.drafters.context_entries``), as
         ``ReDrafterNet.context_entries`` makes them."""

@@ -163,3 +163,28 @@ def test_chain_equals_a_one_beam_search_over_the_step(tiny, context_dim):  # typ
         step.chain(V, 2)
     with pytest.raises(ValueError, match="min_path needs 2"):
         step.chain(3, 2, np.zeros(3))
+
+
+@needs_native
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch-int8"])
+def test_begin_indexes_the_prompt_and_the_drafts_stay(tiny, native):  # type: ignore[no-untyped-def]
+    """``ReDrafter.begin`` builds the prompt's context entries and extra ids (``index``),
+    so the first proposal adds none; every proposal drafts what it drafts without it."""
+    net = _net(tiny, 64, noise=0.2)
+    make = (lambda: _native_or_skip(net, tiny, extend=True)) if native else (
+        lambda: TorchRecurrentStep(net, tiny, int8=True, extend=True))
+    ctx = np.random.default_rng(9).integers(0, V, 40)
+    drafts = []
+    for begin in (True, False):
+        step = make()
+        tiny.reset()
+        tiny.prefill(ctx[:-1])
+        d = ReDrafter(step, bw=1, t=3)
+        if begin:
+            d.begin(ctx)
+            assert step._m == ctx.size - 2  # entries of positions 1 .. n-2, before a proposal
+            held = step.vocab_ids.size
+        drafts.append(d.propose(ctx, 16).tokens.tolist())
+        if begin:
+            assert step._m == ctx.size - 2 and step.vocab_ids.size == held  # nothing new
+    assert drafts[0] == drafts[1] and drafts[0]
