@@ -56,7 +56,7 @@ def _extra(plan):
 
 
 @pytest.mark.parametrize("committed", [1, 63, 300])
-@pytest.mark.parametrize("head", [64, 80], ids=["d64", "d80"])
+@pytest.mark.parametrize("head", [64, 80, 72], ids=["d64", "d80", "d72-scalar"])
 def test_a_bfloat16_cache_gives_the_bits_of_its_float32_values(lib, committed, head):
     """The 4bit mode's cache: each bfloat16 element widens exactly, so the attention over
     it equals, bit for bit, the float32 attention over the same values."""
