@@ -36,11 +36,12 @@ import tempfile
 import time
 import traceback
 
-# the curves section's extra runs of the largest shape's Triton step (environment switches)
+# the curves section's extra runs of the largest shape's Triton step (environment switches):
+# the default step (64-row GEMM tiles, the attention kernel) against the earlier choices
 VARIANTS = {
-    "64-row tiles": {"DRAFTWISE_MM_BM": "64"},
-    "attention kernel": {"DRAFTWISE_TRITON_ATTN": "1"},
-    "attention kernel + 64-row tiles": {"DRAFTWISE_TRITON_ATTN": "1", "DRAFTWISE_MM_BM": "64"},
+    "SDPA": {"DRAFTWISE_TRITON_ATTN": "0"},
+    "16-row tiles": {"DRAFTWISE_MM_BM": "16"},
+    "16-row tiles + SDPA (the first H200 step)": {"DRAFTWISE_MM_BM": "16", "DRAFTWISE_TRITON_ATTN": "0"},
 }
 from collections.abc import Callable
 from pathlib import Path
@@ -250,6 +251,42 @@ class Check:
             del be
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
+        return out
+
+    def long(self) -> dict[str, Any]:
+        """The largest shape with a long context limit: ms per step at 1, 16 and 64 rows at
+        a short and a long context, the default step (whose attention kernel stops at the
+        step's last slot) against SDPA (which attends over every slot of the limit)."""
+        import torch
+
+        from draftwise.backends.cuda.gpu.graphs import StepGraphs
+        from draftwise.core.costprofile import measure_cost_curve
+
+        shape = self.args.shapes[-1]
+        limit = 64 * self.args.context if self.args.tiny else 8192
+        contexts = (self.args.context, limit - 256)
+        rows = (1, 16, 64) if not self.args.tiny else (1, 4)
+        be, _ = self.build(shape, limit)
+        out: dict[str, Any] = {"shape": shape, "limit": limit, "contexts": list(contexts), "rows": list(rows)}
+        fast = getattr(be.model, "rowinv", None)
+        for name, env in (("default", {}), ("SDPA", {"DRAFTWISE_TRITON_ATTN": "0"})):
+            os.environ.update(env)
+            try:
+                if be.graphs is not None:
+                    be.graphs = StepGraphs(be.model, kernels=be.graphs.kernels)
+                cost = measure_cost_curve(be, rows=rows, contexts=contexts, reps=self.args.reps)
+                out[name] = [[round(float(x), 3) for x in line] for line in cost.ms]
+            finally:
+                for key in env:
+                    del os.environ[key]
+                if fast is not None:
+                    be.model.rowinv = fast
+            self.rows.append((f"long {shape}, {name}", "; ".join(
+                f"ctx {c}: " + " / ".join(f"{m:.2f}" for m in line) for c, line in zip(contexts, out[name]))
+                + f" ms at {','.join(map(str, rows))} rows (limit {limit})"))
+        del be
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         return out
 
     def gemms(self) -> dict[str, Any]:
@@ -716,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(filter(None, args.skip.split(",")))
     only = set(filter(None, args.only.split(",")))
     extra = {"profile": check.profile, "compiled": check.compiled,  # asked for by --only
-             "buckets": check.buckets, "gemms": check.gemms}
+             "buckets": check.buckets, "gemms": check.gemms, "long": check.long}
     # the slowest and least certain (transformers' static cache compiles) go last
     for name, fn in (("machine", check.machine), ("curves", check.curves), ("probe", check.probe),
                      ("identity", check.identity), ("identity-large", check.identity_large),

@@ -33,7 +33,8 @@ import torch
 
 from draftwise.errors import DraftwiseError
 
-BM = 16  # rows per tile by default: fixed, so a row's arithmetic never depends on the row count
+BM = 64  # GEMM rows per tile by default: fixed, so a row's arithmetic never depends on the row count
+BQ = 16  # query rows per program of the attention kernel (fixed, likewise)
 BMS = (16, 32, 64)  # the tile heights DRAFTWISE_MM_BM may choose (one for every call)
 ACTS = {"silu": 1, "gelu_pytorch_tanh": 2}
 ATTN_BS = 64  # cache slots per block of the attention kernel (fixed: the softmax's order)
@@ -54,18 +55,20 @@ class MMConfig:
 
 
 def config(n: int, k: int, sms: int = 132) -> MMConfig:
-    """Tiles for an (N, K) weight: enough programs to keep every SM streaming weights
-    at one row (at least two per SM where N allows), long K steps for narrow tiles. On
-    an H200 inside the Llama-3.1-8B one-row step these read the weights at 83% of the
-    copy bandwidth; 64x128 / 32x128 tiles everywhere (the best of a sweep of each layer
-    timed alone) gave less in the step. ``DRAFTWISE_MM_CONFIG=bn,bk,warps,stages``
-    overrides (for sweeps); ``DRAFTWISE_MM_BM`` (16, 32 or 64) sets the tile height of
-    every GEMM: a 64-row tile reads each weight once for a 64-row tree, where 16-row
-    tiles read it four times (the 8B step: 14.3 ms at 64 rows against 5.9 at one,
-    bench/results/gpu-nvidia-h200), at the cost of 64 rows of matrix work at one row.
+    """Tiles for an (N, K) weight, the same for every row count.
+
+    By default (``BM`` = 64) every GEMM takes 64-row tiles of 32 outputs by 128 of K: a
+    tree of up to 64 rows reads each weight once. On an H100 (bench/results/gpu-nvidia-h100)
+    each Llama-3.1-8B layer timed alone with these tiles took about what the 16-row tiles
+    took at one row and half as long at 64 rows (16-row tiles read a weight four times
+    for 64 rows: the 8B step 14.6 ms at 64 rows against 7.0 at one). ``DRAFTWISE_MM_BM``
+    (16, 32 or 64) sets another tile height for every GEMM; with 16 or 32 the tiles are
+    the first H200 session's: enough programs to keep every SM streaming weights at one
+    row, long K steps for narrow tiles. ``DRAFTWISE_MM_CONFIG=bn,bk,warps,stages``
+    overrides (for sweeps).
 
     >>> config(4096, 14336)
-    MMConfig(bn=16, bk=256, warps=4, stages=4, bm=16)
+    MMConfig(bn=32, bk=128, warps=4, stages=4, bm=64)
     """
     bm = _bm_from_env()
     env = os.environ.get("DRAFTWISE_MM_CONFIG")
@@ -83,6 +86,8 @@ def config(n: int, k: int, sms: int = 132) -> MMConfig:
                 "1-16 (a power of two), stages 1-8"
             )
         return MMConfig(bn, bk, warps, stages, bm)
+    if bm == 64:  # 4 stages of (64 + 2 x 32) x 128 bfloat16: 128 KiB of shared memory
+        return MMConfig(32, 128, 4, 4, bm)
     for bn in (64, 32):
         if n // bn >= 2 * sms:
             return MMConfig(bn, 128 if bn == 64 else 256, bm=bm)
@@ -117,10 +122,9 @@ class RowInvariant:
             else 132
         )
         self._cfg: dict[tuple[int, int], MMConfig] = {}
-        # the attention kernel instead of SDPA: measured on an H200 inside a step that also
-        # folded the norms into the GEMMs, 0.19 ms less than SDPA a one-row step of the 8B
-        # shape (commit dcf10ee); alone it is still to be timed (device_check.py curves)
-        choice = os.environ.get("DRAFTWISE_TRITON_ATTN", "0")
+        # the attention kernel instead of SDPA (DRAFTWISE_TRITON_ATTN=0 for SDPA): on an H100
+        # the 8B shape's one-row step 6.55 ms against SDPA's 7.02 (every bucket agreeing)
+        choice = os.environ.get("DRAFTWISE_TRITON_ATTN", "1")
         if choice not in ("0", "1"):
             raise DraftwiseError(f"DRAFTWISE_TRITON_ATTN must be 0 or 1, got {choice!r}")
         self.attn = choice == "1"
@@ -281,10 +285,14 @@ class RowInvariant:
         )
         return q
 
-    def attend(self, q: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """Attention of ``q`` (1, H_kv, rep B, D) (``rope_kv``'s) over every slot of ``kv``
+    def attend(
+        self, q: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor, slots: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Attention of ``q`` (1, H_kv, rep B, D) (``rope_kv``'s) over the slots of ``kv``
         (2, H_kv, S, D) under ``bias`` (B, S) additive -> (B, H D), the layout the output
-        projection reads as plain rows."""
+        projection reads as plain rows. ``slots`` (B,): the step rows' own slots, the last
+        the highest; the kernel stops after it (the bias must hide every later slot), with
+        the bits of walking all S."""
         cfg = self.model.cfg
         _, g, r, d = q.shape
         b, s = bias.shape[0], kv.shape[2]
@@ -297,11 +305,12 @@ class RowInvariant:
         assert q.stride(-1) == 1 and kv.stride(-1) == 1
         scale = cfg.attn_scale if cfg.attn_scale is not None else d**-0.5
         cap = cfg.attn_softcap
-        self.k._attn[(g, triton_cdiv(r, BM))](
+        self.k._attn[(g, triton_cdiv(r, BQ))](
             q,
             kv,
             bias,
             out,
+            bias if slots is None else slots,
             b,
             r,
             q.stride(1),
@@ -317,10 +326,11 @@ class RowInvariant:
             D=d,
             REP=rep,
             BD=max(16, triton_next_pow2(d)),
-            BQ=BM,
+            BQ=BQ,
             BS=ATTN_BS,
             SOFTCAP=cap is not None,
             UPCAST=self.interpret,
+            BOUNDED=slots is not None,
         )
         return out
 
@@ -356,7 +366,7 @@ class RowInvariant:
             q = self.rope_kv(qk, v, cos, model.sins_signed[layer.rope], positions, slots, kv)
             windowed = layer.window and local is not None
             if self.attn:
-                o = self.attend(q, kv, rows_local if windowed else rows_bias)  # (B, H D)
+                o = self.attend(q, kv, rows_local if windowed else rows_bias, slots)  # (B, H D)
                 heads, rows = None, None
             else:
                 mask = local if windowed else bias

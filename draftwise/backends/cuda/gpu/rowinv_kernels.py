@@ -206,6 +206,7 @@ def _attn(
     kv_ptr,
     bias_ptr,
     o_ptr,
+    slots_ptr,
     B,
     R,
     sqg,
@@ -225,10 +226,15 @@ def _attn(
     BS: tl.constexpr,
     SOFTCAP: tl.constexpr,
     UPCAST: tl.constexpr,
+    BOUNDED: tl.constexpr,
 ):
-    """Softmax attention of BQ query rows of kv group g over all S cache slots, in BS
+    """Softmax attention of BQ query rows of kv group g over the cache slots, in BS
     slot blocks always in the same order (online softmax): a row's result depends on its
     own query, the cache and its bias row only, never on the other rows or their count.
+    BOUNDED: the blocks end at the step's last row slot (``slots_ptr[B - 1]``, read on
+    the device, so a captured graph walks only the filled part of the cache); the bias
+    hides every later slot, and a block it hides entirely changes nothing (its scores are
+    -inf: p = 0, alpha = 1), so the bits are those of walking all S slots.
     q (G, R = REP*B, D) grouped (row j B + b is head g REP + j of step row b, as
     ``_rope_kv`` writes it); bias (B, S) additive; o (B, H D): the layout the output
     projection reads as plain rows. Gemma-2's soft-capping: cap tanh(s / cap), with
@@ -246,31 +252,35 @@ def _attn(
     m_i = tl.full((BQ,), -1e30, dtype=tl.float32)
     l_i = tl.zeros((BQ,), dtype=tl.float32)
     acc = tl.zeros((BQ, BD), dtype=tl.float32)
+    end = S  # (a loop bound read from memory would do, but Triton's CPU interpreter cannot)
+    if BOUNDED:
+        end = tl.load(slots_ptr + B - 1).to(tl.int32) + 1
     for s0 in range(0, S, BS):
-        cols = s0 + tl.arange(0, BS)  # (BS,)
-        c_ok = cols < S
-        k = tl.load(kv_ptr + g * skg + cols[None, :] * sks + d[:, None],
-                    mask=c_ok[None, :] & d_ok[:, None], other=0.0)  # (BD, BS)
-        if UPCAST:
-            k = k.to(tl.float32)
-        sc = tl.dot(q, k) * scale  # (BQ, BS)
-        if SOFTCAP:
-            sc = cap * (2.0 / (1.0 + tl.exp(-2.0 * sc / cap)) - 1.0)
-        sc += tl.load(bias_ptr + b[:, None] * sbr + cols[None, :],
-                      mask=r_ok[:, None] & c_ok[None, :], other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        p = tl.exp(sc - m_new[:, None])  # (BQ, BS)
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(kv_ptr + skv + g * skg + cols[:, None] * sks + d[None, :],
-                    mask=c_ok[:, None] & d_ok[None, :], other=0.0)  # (BS, BD)
-        if UPCAST:
-            v = v.to(tl.float32)
-            pv = p
-        else:
-            pv = p.to(v.dtype)
-        acc = acc * alpha[:, None] + tl.dot(pv, v)
-        m_i = m_new
+        if s0 < end:
+            cols = s0 + tl.arange(0, BS)  # (BS,)
+            c_ok = cols < S
+            k = tl.load(kv_ptr + g * skg + cols[None, :] * sks + d[:, None],
+                        mask=c_ok[None, :] & d_ok[:, None], other=0.0)  # (BD, BS)
+            if UPCAST:
+                k = k.to(tl.float32)
+            sc = tl.dot(q, k) * scale  # (BQ, BS)
+            if SOFTCAP:
+                sc = cap * (2.0 / (1.0 + tl.exp(-2.0 * sc / cap)) - 1.0)
+            sc += tl.load(bias_ptr + b[:, None] * sbr + cols[None, :],
+                          mask=r_ok[:, None] & c_ok[None, :], other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            p = tl.exp(sc - m_new[:, None])  # (BQ, BS)
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(kv_ptr + skv + g * skg + cols[:, None] * sks + d[None, :],
+                        mask=c_ok[:, None] & d_ok[None, :], other=0.0)  # (BS, BD)
+            if UPCAST:
+                v = v.to(tl.float32)
+                pv = p
+            else:
+                pv = p.to(v.dtype)
+            acc = acc * alpha[:, None] + tl.dot(pv, v)
+            m_i = m_new
     o = acc / l_i[:, None]
     head = g * REP + r // B
     tl.store(o_ptr + b[:, None] * sor + head[:, None] * D + d[None, :], o.to(o_ptr.dtype.element_ty),

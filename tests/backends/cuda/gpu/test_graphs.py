@@ -159,7 +159,7 @@ def test_kernels_that_fail_at_the_first_step_fall_back_to_torch(model_dir):
 
 def test_the_triton_switches_are_checked(monkeypatch, model_dir):
     """Bad values of the kernel switches are refused with the value named."""
-    from draftwise.backends.cuda.gpu.rowinv import RowInvariant, config
+    from draftwise.backends.cuda.gpu.rowinv import MMConfig, RowInvariant, config
 
     _, fixed = _pair(model_dir)
     monkeypatch.setenv("DRAFTWISE_TRITON", "off")
@@ -180,9 +180,9 @@ def test_the_triton_switches_are_checked(monkeypatch, model_dir):
         monkeypatch.setenv("DRAFTWISE_MM_BM", bad)
         with pytest.raises(DraftwiseError, match=f"DRAFTWISE_MM_BM must be one of 16, 32, 64, got '{bad}'"):
             config(4096, 4096)
-    monkeypatch.setenv("DRAFTWISE_MM_BM", "64")
-    assert config(4096, 4096).bm == 64 == config(14336, 4096).bm  # every GEMM, any shape
+    monkeypatch.setenv("DRAFTWISE_MM_BM", "16")
+    assert config(4096, 4096).bm == 16 == config(14336, 4096).bm  # every GEMM, any shape
     monkeypatch.delenv("DRAFTWISE_MM_CONFIG")
-    assert config(4096, 4096).bm == 64
+    assert config(4096, 4096) == MMConfig(16, 256, 4, 4, 16)  # the first H200 session's tiles
     monkeypatch.delenv("DRAFTWISE_MM_BM")
-    assert config(4096, 4096).bm == 16
+    assert config(4096, 4096) == config(128256, 4096) == MMConfig(32, 128, 4, 4, 64)

@@ -154,6 +154,36 @@ def test_the_attention_kernel_computes_what_sdpa_does(cap):
         ri.attend(q, kv, bias[:, :10])
 
 
+@inner
+@pytest.mark.parametrize("last", [40, 63, 64, 129])
+def test_the_attention_kernel_stops_after_the_last_row_slot_with_the_same_bits(last):
+    """Given the rows' slots, the kernel walks only the blocks up to the last one; every
+    later slot is hidden by the bias, so the result is bit-equal to walking all S slots
+    (the hidden slots hold large finite values: they would show if read wrongly)."""
+    from types import SimpleNamespace as NS
+
+    from draftwise.backends.cuda.gpu.rowinv import ATTN_BS, RowInvariant
+
+    torch.manual_seed(5)
+    g, rep, b, s, d = 2, 2, 3, 200, 16
+    cfg = NS(act="silu", attn_scale=None, attn_softcap=None)
+    ri = RowInvariant(NS(cfg=cfg, device=torch.device("cpu")), interpret=True)
+    q, kv = torch.randn(1, g, rep * b, d), torch.randn(2, g, s, d)
+    slots = torch.arange(last - b + 1, last + 1)  # (B,): the step rows' own slots
+    kv[:, :, last + 1 :] = 1e4  # (never seen)
+    bias = torch.zeros(b, s)
+    bias[:, last + 1 :] = float("-inf")
+    bias[0, slots[1:]] = float("-inf")  # a tree: row 0 does not see rows 1 and 2
+    full = ri.attend(q, kv, bias)  # (B, H D)
+    bounded = ri.attend(q, kv, bias, slots)
+    assert torch.equal(bounded, full)
+    assert full.abs().max() < 100  # the 1e4 slots were hidden
+    blocks_end = -(-(last + 1) // ATTN_BS) * ATTN_BS  # the blocks after the last row's
+    kv[:, :, blocks_end:] = float("nan")  # are not read at all by the bounded kernel
+    assert torch.equal(ri.attend(q, kv, bias, slots), full)
+    assert ri.attend(q, kv, bias).isnan().all() == (blocks_end < s)
+
+
 def _backend(model_dir, dtype: str, kernels: str):
     from draftwise.backends.cuda import TorchBackend
     from draftwise.backends.cuda.gpu.graphs import StepGraphs
