@@ -311,9 +311,11 @@ class Check:
                   "gate_up+silu": (2 * ff, hid, True), "down": (hid, ff, False),
                   "head": (c["vocab_size"], hid, False)}
         l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
-        sweep = [MMConfig(*t) for t in ((16, 256, 4, 4), (32, 128, 4, 4), (32, 128, 8, 3), (64, 128, 4, 4),
-                                         (64, 128, 8, 5), (16, 256, 4, 4, 64), (32, 128, 4, 4, 64),
-                                         (64, 128, 4, 4, 64), (64, 128, 8, 3, 64), (128, 64, 8, 3, 64))]
+        # (bn, bk, warps, stages, bm): the tile height always named (MMConfig's default is BM)
+        sweep = [MMConfig(*t) for t in ((16, 256, 4, 4, 16), (32, 128, 4, 4, 16), (32, 128, 8, 3, 16),
+                                         (64, 128, 4, 4, 16), (64, 128, 8, 5, 16), (16, 256, 4, 4, 64),
+                                         (32, 128, 4, 4, 64), (64, 128, 4, 4, 64), (64, 128, 8, 3, 64),
+                                         (128, 64, 8, 3, 64))]
 
         def timed(fn: Callable[[Any], Any], ws: list[Any]) -> float:
             for w in ws[:2]:

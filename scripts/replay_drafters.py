@@ -85,16 +85,24 @@ class OracleBackend:
 
 
 def read_curve(spec: str) -> CostModel:
-    """``path.json:shape`` -> that shape's graph curve (ms by rows) from a device check."""
+    """``path.json:shape`` -> that shape's graph curve (ms by rows) from a device check;
+    ``path.json:shape:variant`` -> one of its ``variants`` (the step with other switches)."""
     import json
 
-    path, _, shape = spec.rpartition(":")
-    if not path or not Path(path).is_file():
-        raise SystemExit(f"--curve wants JSON:SHAPE with an existing file, got {spec!r}")
+    path, sep, rest = spec.partition(".json:")
+    path += ".json"
+    shape, _, variant = rest.partition(":")
+    if not sep or not shape or not Path(path).is_file():
+        raise SystemExit(f"--curve wants JSON:SHAPE[:VARIANT] with an existing file, got {spec!r}")
     curves = json.loads(Path(path).read_text()).get("curves", {})
     if shape not in curves or "graph_ms" not in curves[shape]:
         raise SystemExit(f"no graph curve for {shape!r} in {path} (has {sorted(curves)})")
     c = curves[shape]
+    if variant:
+        variants = c.get("variants", {})
+        if "graph_ms" not in variants.get(variant, {}):
+            raise SystemExit(f"no variant {variant!r} of {shape!r} in {path} (has {sorted(variants)})")
+        return CostModel(rows=c["rows"], ms=variants[variant]["graph_ms"])
     return CostModel(rows=c["rows"], ms=c["graph_ms"])
 
 

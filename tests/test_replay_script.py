@@ -35,3 +35,25 @@ def test_oracle_replays_a_real_run_step_for_step():
     assert [s.drafted for s in sim] == [s.drafted for s in real]
     # each pass priced from the curve: cost(r rows) = 10 + (r - 1) ms
     assert np.isclose(oracle.verify_ms, sum(10.0 + s.drafted for s in real))
+
+
+def test_a_device_check_curve_or_one_of_its_variants_is_read(tmp_path):
+    import json
+
+    import pytest
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "replay_drafters.py"
+    spec = importlib.util.spec_from_file_location("replay_drafters", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    check = tmp_path / "device_check.json"
+    check.write_text(json.dumps({"curves": {"llama-3.1-8b": {
+        "rows": [1, 16, 64], "graph_ms": [6.2, 6.4, 6.5],
+        "variants": {"16-row tiles": {"graph_ms": [5.7, 5.8, 14.2]}, "broken": {"error": "x"}}}}}))
+    assert mod.read_curve(f"{check}:llama-3.1-8b").ms.tolist() == [[6.2, 6.4, 6.5]]
+    assert mod.read_curve(f"{check}:llama-3.1-8b:16-row tiles").ms.tolist() == [[5.7, 5.8, 14.2]]
+    for bad, says in ((f"{check}:llama-3.1-8b:broken", "no variant 'broken'"),
+                      (f"{check}:tiny", "no graph curve for 'tiny'"),
+                      (f"{tmp_path}/none.json:tiny", "with an existing file")):
+        with pytest.raises(SystemExit, match=says):
+            mod.read_curve(bad)
