@@ -39,6 +39,7 @@ import traceback
 # the curves section's extra runs of the largest shape's Triton step (environment switches):
 # the default step (64-row GEMM tiles, the attention kernel) against the earlier choices
 VARIANTS = {
+    "attention in chunks of 256 slots": {"DRAFTWISE_ATTN_CHUNK": "256"},
     "SDPA": {"DRAFTWISE_TRITON_ATTN": "0"},
     "16-row tiles": {"DRAFTWISE_MM_BM": "16"},
     "16-row tiles + SDPA (the first H200 step)": {"DRAFTWISE_MM_BM": "16", "DRAFTWISE_TRITON_ATTN": "0"},
@@ -256,7 +257,8 @@ class Check:
     def long(self) -> dict[str, Any]:
         """The largest shape with a long context limit: ms per step at 1, 16 and 64 rows at
         a short and a long context, the default step (whose attention kernel stops at the
-        step's last slot) against SDPA (which attends over every slot of the limit)."""
+        step's last slot), its attention in chunks walked side by side, and SDPA (which
+        attends over every slot of the limit)."""
         import torch
 
         from draftwise.backends.cuda.gpu.graphs import StepGraphs
@@ -269,7 +271,8 @@ class Check:
         be, _ = self.build(shape, limit)
         out: dict[str, Any] = {"shape": shape, "limit": limit, "contexts": list(contexts), "rows": list(rows)}
         fast = getattr(be.model, "rowinv", None)
-        for name, env in (("default", {}), ("SDPA", {"DRAFTWISE_TRITON_ATTN": "0"})):
+        for name, env in (("default", {}), ("chunks of 256 slots", {"DRAFTWISE_ATTN_CHUNK": "256"}),
+                          ("SDPA", {"DRAFTWISE_TRITON_ATTN": "0"})):
             os.environ.update(env)
             try:
                 if be.graphs is not None:

@@ -94,6 +94,23 @@ def config(n: int, k: int, sms: int = 132) -> MMConfig:
     return MMConfig(16, 256, bm=bm)
 
 
+def attn_chunk() -> int:
+    """``DRAFTWISE_ATTN_CHUNK``: cache slots per program of the attention kernel, a
+    multiple of ``ATTN_BS`` (0, the default: one program walks every slot of its rows).
+    With chunks, programs walk them side by side and a second kernel merges them in a
+    fixed order (flash decoding), so long contexts take as many programs as chunks.
+
+    >>> attn_chunk()
+    0
+    """
+    env = os.environ.get("DRAFTWISE_ATTN_CHUNK", "").strip() or "0"
+    if not env.isdigit() or int(env) % ATTN_BS or int(env) > 1 << 20:
+        raise DraftwiseError(
+            f"DRAFTWISE_ATTN_CHUNK must be 0 or a multiple of {ATTN_BS} slots, got {env!r}"
+        )
+    return int(env)
+
+
 def _bm_from_env() -> int:
     """``DRAFTWISE_MM_BM``: the GEMM tile height, checked (default ``BM``)."""
     env = os.environ.get("DRAFTWISE_MM_BM", "").strip()
@@ -128,6 +145,7 @@ class RowInvariant:
         if choice not in ("0", "1"):
             raise DraftwiseError(f"DRAFTWISE_TRITON_ATTN must be 0 or 1, got {choice!r}")
         self.attn = choice == "1"
+        self.chunk = attn_chunk()
 
     @classmethod
     def supported(cls, model: Any) -> str | None:
@@ -305,12 +323,20 @@ class RowInvariant:
         assert q.stride(-1) == 1 and kv.stride(-1) == 1
         scale = cfg.attn_scale if cfg.attn_scale is not None else d**-0.5
         cap = cfg.attn_softcap
-        self.k._attn[(g, triton_cdiv(r, BQ))](
+        bd, tiles = max(16, triton_next_pow2(d)), triton_cdiv(r, BQ)
+        split = 0 < self.chunk < s
+        chunk = self.chunk if split else s
+        nc = triton_cdiv(s, chunk)
+        # the chunks' running max, sum and unnormalised output: (G, T, NC, BQ, BD + 2)
+        part = torch.empty((g, tiles, nc, BQ, bd + 2), dtype=torch.float32, device=q.device) if split else out
+        bound = bias if slots is None else slots
+        self.k._attn[(g, tiles, nc)](
             q,
             kv,
             bias,
             out,
-            bias if slots is None else slots,
+            bound,
+            part,
             b,
             r,
             q.stride(1),
@@ -325,13 +351,20 @@ class RowInvariant:
             S=s,
             D=d,
             REP=rep,
-            BD=max(16, triton_next_pow2(d)),
+            BD=bd,
             BQ=BQ,
             BS=ATTN_BS,
+            CHUNK=chunk,
             SOFTCAP=cap is not None,
             UPCAST=self.interpret,
             BOUNDED=slots is not None,
+            SPLIT=split,
         )
+        if split:
+            self.k._attn_combine[(g, tiles)](
+                part, out, bound, b, r, out.stride(0),
+                S=s, D=d, REP=rep, BD=bd, BQ=BQ, CHUNK=chunk, NC=nc, BOUNDED=slots is not None,
+            )
         return out
 
     # ----- the step -------------------------------------------------------------------

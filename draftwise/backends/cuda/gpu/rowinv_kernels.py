@@ -207,6 +207,7 @@ def _attn(
     bias_ptr,
     o_ptr,
     slots_ptr,
+    part_ptr,
     B,
     R,
     sqg,
@@ -224,9 +225,11 @@ def _attn(
     BD: tl.constexpr,
     BQ: tl.constexpr,
     BS: tl.constexpr,
+    CHUNK: tl.constexpr,
     SOFTCAP: tl.constexpr,
     UPCAST: tl.constexpr,
     BOUNDED: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     """Softmax attention of BQ query rows of kv group g over the cache slots, in BS
     slot blocks always in the same order (online softmax): a row's result depends on its
@@ -235,12 +238,18 @@ def _attn(
     the device, so a captured graph walks only the filled part of the cache); the bias
     hides every later slot, and a block it hides entirely changes nothing (its scores are
     -inf: p = 0, alpha = 1), so the bits are those of walking all S slots.
-    q (G, R = REP*B, D) grouped (row j B + b is head g REP + j of step row b, as
+    SPLIT: program (g, t, c) walks only chunk c (slots c CHUNK .. (c + 1) CHUNK) and
+    writes its running max, sum and unnormalised output to ``part_ptr`` for
+    ``_attn_combine`` (flash decoding, with chunks fixed in the slots so that a row's
+    bits still cannot depend on the other rows); without it CHUNK = S, one program walks
+    all. q (G, R = REP*B, D) grouped (row j B + b is head g REP + j of step row b, as
     ``_rope_kv`` writes it); bias (B, S) additive; o (B, H D): the layout the output
     projection reads as plain rows. Gemma-2's soft-capping: cap tanh(s / cap), with
     tanh z = 2 sigmoid(2 z) - 1."""
     g = tl.program_id(0)
-    r = tl.program_id(1) * BQ + tl.arange(0, BQ)  # (BQ,)
+    t = tl.program_id(1)
+    c = tl.program_id(2)
+    r = t * BQ + tl.arange(0, BQ)  # (BQ,)
     r_ok = r < R
     b = r % B
     d = tl.arange(0, BD)
@@ -255,7 +264,8 @@ def _attn(
     end = S  # (a loop bound read from memory would do, but Triton's CPU interpreter cannot)
     if BOUNDED:
         end = tl.load(slots_ptr + B - 1).to(tl.int32) + 1
-    for s0 in range(0, S, BS):
+    for i in range(0, CHUNK, BS):
+        s0 = c * CHUNK + i
         if s0 < end:
             cols = s0 + tl.arange(0, BS)  # (BS,)
             c_ok = cols < S
@@ -281,7 +291,68 @@ def _attn(
                 pv = p.to(v.dtype)
             acc = acc * alpha[:, None] + tl.dot(pv, v)
             m_i = m_new
-    o = acc / l_i[:, None]
+    if SPLIT:
+        # part (G, T, NC, BQ, BD + 2) float32: acc, then m and l in the last two columns
+        base = part_ptr + ((g * tl.num_programs(1) + t) * tl.num_programs(2) + c) * (BQ * (BD + 2))
+        q_rows = tl.arange(0, BQ)
+        tl.store(base + q_rows[:, None] * (BD + 2) + d[None, :], acc)
+        tl.store(base + q_rows * (BD + 2) + BD, m_i)
+        tl.store(base + q_rows * (BD + 2) + BD + 1, l_i)
+    else:
+        o = acc / l_i[:, None]
+        head = g * REP + r // B
+        tl.store(o_ptr + b[:, None] * sor + head[:, None] * D + d[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=r_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _attn_combine(
+    part_ptr,
+    o_ptr,
+    slots_ptr,
+    B,
+    R,
+    sor,
+    S: tl.constexpr,
+    D: tl.constexpr,
+    REP: tl.constexpr,
+    BD: tl.constexpr,
+    BQ: tl.constexpr,
+    CHUNK: tl.constexpr,
+    NC: tl.constexpr,
+    BOUNDED: tl.constexpr,
+):
+    """The NC chunks ``_attn`` (SPLIT) wrote for BQ query rows of group g, merged in
+    chunk order, always the same order. A chunk past the step's last row slot was not
+    written and is skipped; that changes no bit, since its weight would be
+    exp(-1e30 - m) = 0 (the bias hides all of its slots)."""
+    g = tl.program_id(0)
+    t = tl.program_id(1)
+    r = t * BQ + tl.arange(0, BQ)  # (BQ,)
+    r_ok = r < R
+    b = r % B
+    d = tl.arange(0, BD)
+    d_ok = d < D
+    q_rows = tl.arange(0, BQ)
+    end = S
+    if BOUNDED:
+        end = tl.load(slots_ptr + B - 1).to(tl.int32) + 1
+    m = tl.full((BQ,), -1e30, dtype=tl.float32)
+    l_sum = tl.zeros((BQ,), dtype=tl.float32)
+    acc = tl.zeros((BQ, BD), dtype=tl.float32)
+    for c in range(0, NC):
+        if c * CHUNK < end:
+            base = part_ptr + ((g * tl.num_programs(1) + t) * NC + c) * (BQ * (BD + 2))
+            m_c = tl.load(base + q_rows * (BD + 2) + BD)  # (BQ,)
+            l_c = tl.load(base + q_rows * (BD + 2) + BD + 1)  # (BQ,)
+            a_c = tl.load(base + q_rows[:, None] * (BD + 2) + d[None, :])  # (BQ, BD)
+            m_new = tl.maximum(m, m_c)
+            alpha = tl.exp(m - m_new)
+            beta = tl.exp(m_c - m_new)
+            l_sum = l_sum * alpha + l_c * beta
+            acc = acc * alpha[:, None] + a_c * beta[:, None]
+            m = m_new
+    o = acc / l_sum[:, None]
     head = g * REP + r // B
     tl.store(o_ptr + b[:, None] * sor + head[:, None] * D + d[None, :], o.to(o_ptr.dtype.element_ty),
              mask=r_ok[:, None] & d_ok[None, :])

@@ -170,6 +170,13 @@ def test_the_triton_switches_are_checked(monkeypatch, model_dir):
     with pytest.raises(DraftwiseError, match="DRAFTWISE_TRITON_ATTN must be 0 or 1, got 'yes'"):
         RowInvariant(fixed.model)
     monkeypatch.delenv("DRAFTWISE_TRITON_ATTN")
+    for bad in ("100", "-64", "64k"):
+        monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", bad)
+        with pytest.raises(DraftwiseError, match=f"DRAFTWISE_ATTN_CHUNK must be 0 or a multiple of 64 slots, got '{bad}'"):
+            RowInvariant(fixed.model)
+    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", "256")
+    assert RowInvariant(fixed.model).chunk == 256
+    monkeypatch.delenv("DRAFTWISE_ATTN_CHUNK")
     for bad in ("16,256", "12,256,4,4", "16,256,3,4", "16,256,4,0"):
         monkeypatch.setenv("DRAFTWISE_MM_CONFIG", bad)
         with pytest.raises(DraftwiseError, match="DRAFTWISE_MM_CONFIG"):

@@ -125,15 +125,17 @@ def test_rope_and_the_kv_write_are_the_torch_steps(rot):
 
 
 @inner
-@pytest.mark.parametrize("cap", [None, 5.0])  # 5.0: gemma-2's score soft-capping
-def test_the_attention_kernel_computes_what_sdpa_does(cap):
+@pytest.mark.parametrize("cap,chunk", [(None, "0"), (5.0, "0"), (None, "64"), (5.0, "64")])
+def test_the_attention_kernel_computes_what_sdpa_does(cap, chunk, monkeypatch):
     """Grouped query rows (rep 2) over 70 cache slots (two slot blocks, the second
     partial) under an additive bias that hides some slots per step row; written as
-    (B, H D) rows."""
+    (B, H D) rows. ``cap`` 5.0: gemma-2's score soft-capping; ``chunk`` 64: two chunks
+    walked side by side and merged (``DRAFTWISE_ATTN_CHUNK``)."""
     from types import SimpleNamespace as NS
 
     from draftwise.backends.cuda.gpu.rowinv import RowInvariant
 
+    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk)
     torch.manual_seed(4)
     g, rep, b, s, d = 2, 2, 3, 70, 16
     cfg = NS(act="silu", attn_scale=None, attn_softcap=cap)
@@ -155,15 +157,18 @@ def test_the_attention_kernel_computes_what_sdpa_does(cap):
 
 
 @inner
+@pytest.mark.parametrize("chunk", ["0", "64", "128"])
 @pytest.mark.parametrize("last", [40, 63, 64, 129])
-def test_the_attention_kernel_stops_after_the_last_row_slot_with_the_same_bits(last):
+def test_the_attention_kernel_stops_after_the_last_row_slot_with_the_same_bits(last, chunk, monkeypatch):
     """Given the rows' slots, the kernel walks only the blocks up to the last one; every
     later slot is hidden by the bias, so the result is bit-equal to walking all S slots
-    (the hidden slots hold large finite values: they would show if read wrongly)."""
+    (the hidden slots hold large finite values: they would show if read wrongly); in
+    one program or in chunks merged after (``chunk``)."""
     from types import SimpleNamespace as NS
 
     from draftwise.backends.cuda.gpu.rowinv import ATTN_BS, RowInvariant
 
+    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk)
     torch.manual_seed(5)
     g, rep, b, s, d = 2, 2, 3, 200, 16
     cfg = NS(act="silu", attn_scale=None, attn_softcap=None)
@@ -199,13 +204,17 @@ def _backend(model_dir, dtype: str, kernels: str):
 @inner
 @pytest.mark.parametrize(
     "family,attn",
-    [("llama3", "0"), ("qwen2", "0"), ("qwen3", "0"), ("gemma2", "0"), ("llama3", "1"), ("gemma2", "1")],
+    [("llama3", "0"), ("qwen2", "0"), ("qwen3", "0"), ("gemma2", "0"), ("llama3", "1"), ("gemma2", "1"),
+     ("gemma2", "1:64")],
 )
 def test_the_step_computes_what_the_torch_fixed_step_does(family, attn, tmp_path, monkeypatch):
     """float32: the kernels' step equals the torch fixed step's to float rounding, after a
     tree and K/V compaction (bias, per-head norms, sandwich norms, GeGLU, soft-capping);
-    ``attn``: with the attention kernel (``DRAFTWISE_TRITON_ATTN``) in place of SDPA."""
+    ``attn``: with the attention kernel (``DRAFTWISE_TRITON_ATTN``) in place of SDPA,
+    ``1:64`` in chunks of 64 slots (``DRAFTWISE_ATTN_CHUNK``)."""
+    attn, _, chunk = attn.partition(":")
     monkeypatch.setenv("DRAFTWISE_TRITON_ATTN", attn)
+    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk or "0")
     from draftwise.core.tree import DraftTree
     from tests.backends.cuda.test_torch_backend import V, _save_tiny
 
@@ -225,12 +234,15 @@ def test_the_step_computes_what_the_torch_fixed_step_does(family, attn, tmp_path
 
 
 @inner
-@pytest.mark.parametrize("attn", ["0", "1"])
+@pytest.mark.parametrize("attn", ["0", "1", "1:64"])
 def test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless(attn, tmp_path, monkeypatch):
     """bfloat16: every bucket kept (a row computes the same alone and beside 3, 15 or 63
     others), and Cacheback through the kernels equals plain decoding through them; with
-    SDPA and with the attention kernel."""
+    SDPA, with the attention kernel, and with it in chunks of 64 slots (the text passes
+    64 tokens, so two chunks are merged)."""
+    attn, _, chunk = attn.partition(":")
     monkeypatch.setenv("DRAFTWISE_TRITON_ATTN", attn)
+    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk or "0")
     from draftwise.backends.cuda.gpu.graphs import BUCKETS
     from draftwise.core.decode import Decoder
     from draftwise.core.drafters.base import NoDrafter
@@ -241,7 +253,7 @@ def test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless(attn
     model_dir = _save_tiny(tmp_path / "m", "llama3")[0]
     be = _backend(model_dir, "bfloat16", "triton")
     prompt = np.random.default_rng(3).integers(0, V, 12)
-    prompt = np.concatenate([prompt, prompt])  # a repeat, so Cacheback drafts
+    prompt = np.concatenate([prompt] * (5 if chunk else 2))  # a repeat, so Cacheback drafts
     outs = []
     for drafter in (NoDrafter(), Cacheback()):
         be.reset()
