@@ -6,8 +6,8 @@ split-K kernel at some row counts, and a row's logits then round differently in 
 every step had to run the 64-row bucket (7.1 ms against a 3.65 ms bandwidth floor).
 These kernels fix the reduction order by construction, as batch-invariant kernels do:
 
-- ``_mm``: ``x (M, K) @ w (N, K).T`` in tiles of ``BM`` rows (16; ``DRAFTWISE_MM_BM``
-  may set 32 or 64 for every call, ``rowinv.config``). Each program owns
+- ``_mm``: ``x (M, K) @ w (N, K).T`` in tiles of ``BM`` rows (64; ``DRAFTWISE_MM_BM``
+  may set 16 or 32 for every call, ``rowinv.config``). Each program owns
   one row tile and ``BN`` outputs and walks K in ``BK`` steps, always in the same order,
   with the same tile shapes whatever M is: a row's sum is the same sequence of float32
   additions in a 1-row call as in a 64-row one (the padding rows are zeros, and rows
@@ -16,10 +16,11 @@ These kernels fix the reduction order by construction, as batch-invariant kernel
   gated MLP's ``act(gate) * up`` (``w`` holds the gate rows, then the up rows), and the
   residual add. The input may be attention's output in its grouped-heads layout
   (``A_HEADS``), so no copy precedes the output projection.
-- ``_attn`` (``DRAFTWISE_TRITON_ATTN=1``; SDPA by default until a GPU has timed it):
-  attention over every cache slot in fixed slot blocks with an online softmax, each
-  query row alone (its bias row selects its slots), written as plain rows for the output
-  projection.
+- ``_attn`` (``DRAFTWISE_TRITON_ATTN=0`` for SDPA): attention over the cache in fixed
+  slot blocks with an online softmax, up to the step's last row slot, each query row
+  alone (its bias row selects its slots), written as plain rows for the output
+  projection; with ``DRAFTWISE_ATTN_CHUNK`` in fixed chunks of slots side by side,
+  merged in chunk order by ``_attn_combine``.
 - ``_rope_kv``: RoPE of q and k (rotate-half, full or partial), q written in the
   grouped layout attention reads, k and v written into the cache at their slots: one
   launch where the torch step takes five to seven.
