@@ -40,6 +40,9 @@ import traceback
 # the default step (64-row GEMM tiles, the attention kernel) against the earlier choices
 VARIANTS = {
     "attention in chunks of 256 slots": {"DRAFTWISE_ATTN_CHUNK": "256"},
+    # other 64-row tiles for every layer (the H200 sweep's best for gate/up and the head)
+    "64x128 tiles": {"DRAFTWISE_MM_CONFIG": "64,128,4,4"},
+    "64x128 tiles, 8 warps, 3 stages": {"DRAFTWISE_MM_CONFIG": "64,128,8,3"},
     "SDPA": {"DRAFTWISE_TRITON_ATTN": "0"},
     "16-row tiles": {"DRAFTWISE_MM_BM": "16"},
     "16-row tiles + SDPA (the first H200 step)": {"DRAFTWISE_MM_BM": "16", "DRAFTWISE_TRITON_ATTN": "0"},
