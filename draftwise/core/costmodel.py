@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import os
+import statistics
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,6 +54,10 @@ NOISE = 0.8  # a stored curve may dip by this factor with more rows (noise), no 
 # cost about r passes of one at most (a 4bit CPU curve: 2.06x from 32 to 64 rows)
 STEEP = 1.25
 REFRESH = 8  # observations between re-derivations of the corrected curve
+# the machine's speed drifts (another process, a VM's neighbours) while the row counts
+# are timed at different moments: a row count's correction is read against the verifies
+# of any size around it, in blocks of this many consecutive verifies (``_joint``)
+BLOCK = 16
 
 
 class CostModel:
@@ -80,6 +86,8 @@ class CostModel:
             deque(maxlen=WINDOW) for _ in range(self.rows.size)
         ]
         self._count = 0  # verifies observed
+        # the last FRESH verifies of any size: (verify number, row index, log measured / prior)
+        self._all: deque[tuple[int, int, float]] = deque(maxlen=FRESH)
         self._fresh_n = [0] * self.rows.size  # per row count: its fresh ratios, lately
         self._scale = np.ones(self.rows.size)  # (R,) measured / prior, per row count
         self._logr = np.log(self.rows)  # (R,)
@@ -132,6 +140,7 @@ class CostModel:
         predicted = self._blend_at(dense, rows - 1, context_len)
         self._count += 1
         self._ratios[j].append((self._count, ms / predicted))
+        self._all.append((self._count, j, math.log(ms / predicted)))
         self._unapplied += 1
         # re-derive the curve every REFRESH steps (and when a row count first counts):
         # a per-step hot path, and medians of 15 move slowly anyway
@@ -143,7 +152,7 @@ class CostModel:
         seen = [i for i, r in enumerate(fresh) if len(r) >= MIN_SEEN]
         if not seen:
             return
-        med = {i: float(np.median(fresh[i])) for i in seen}
+        med = self._joint(seen)
         logr = self._logr
         for i in range(self.rows.size):
             lo = max((k for k in seen if k <= i), default=None)
@@ -161,6 +170,40 @@ class CostModel:
             ms[:, k] = np.minimum(ms[:, k], grow[k - 1] * ms[:, k - 1])
         self.ms = ms
         self._dense = None
+
+    def _joint(self, seen: list[int]) -> dict[int, float]:
+        """Per seen row count, measured / prior now: log ratio = a(block) + b(rows),
+        fitted by medians (robust to outliers) over the fresh verifies. a is the machine's
+        speed in each block of BLOCK consecutive verifies, b a row count's correction
+        against the others timed in the same blocks, so a row count timed mostly while
+        the machine was slow is not priced as if its extra rows cost that; the result is
+        b at the newest block's speed. A row count never timed beside another keeps the
+        prior's shape (its b from its own blocks alone is 0). Example: one row timed on
+        a quiet machine and two rows just after, twice as slow for everything, give
+        two rows the prior's price ratio to one at the slow speed (``observe``)."""
+        newest, keep = self._count, set(seen)
+        cols: dict[int, list[int]] = {j: [] for j in seen}
+        blocks: dict[int, list[int]] = {}
+        blk_of: list[int] = []
+        y: list[float] = []
+        rows_of: list[int] = []
+        for n, j, v in self._all:
+            if j in keep:
+                k = len(y)
+                blk = (newest - n) // BLOCK
+                cols[j].append(k)
+                blocks.setdefault(blk, []).append(k)
+                blk_of.append(blk)
+                y.append(v)
+                rows_of.append(j)
+        median = statistics.median
+        b = dict.fromkeys(seen, 0.0)
+        a: dict[int, float] = {}
+        for _ in range(2):  # alternating medians: a from b, then b from a
+            a = {blk: median([y[k] - b[rows_of[k]] for k in ks]) for blk, ks in blocks.items()}
+            b = {j: median([y[k] - a[blk_of[k]] for k in ks]) if ks else 0.0 for j, ks in cols.items()}
+        now = a[min(a)]  # the newest block's speed
+        return {j: math.exp(now + b.get(j, 0.0)) for j in seen}
 
     def _fresh(self) -> list[list[float]]:
         """Per row count, its ratios among the last ``FRESH`` verifies of any size."""
@@ -181,6 +224,7 @@ class CostModel:
         self._prior_dense = None
         for q in self._ratios:
             q.clear()
+        self._all.clear()
         self._scale = np.ones(self.rows.size)
 
     def corrected(self) -> CostModel:
