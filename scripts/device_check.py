@@ -8,14 +8,18 @@ each timed and caught on its own (a failing one is reported, the rest still run)
 1. the machine: GPU, driver, torch and CUDA versions;
 2. ``pytest -m cuda`` (the tests that need a GPU; they skip without one);
 3. the verify cost curve: ms per step at 1..64 rows at context 512, per shape, and the
-   bandwidth floor (weight bytes over the device copy bandwidth measured here);
+   bandwidth floor (weight bytes over the device copy bandwidth measured here), and the
+   step with other switches (``VARIANTS``: every one on the largest shape);
 4. plain decoding: draftwise ``none`` against transformers' ``generate`` (eager, and
    with ``cache_implementation="static"``) on the same weights, tokens/s;
 5. identity on the GPU: ``cacheback``, ``ssd``, ``auto``, ``redrafter`` (a random
    network), ``draft`` (early exit) and ``card`` greedy equal ``none``; seeded T = 0.8
    equal ``none``.
 
-A short table is printed last; ``device_check.json`` and ``device_check.md`` go to
+Asked for by ``--only``: ``profile`` (the largest shape's one-row step under torch's
+profiler), ``gemms`` (each of its linear layers alone, with a sweep of tiles), ``long``
+(its step with an 8,192-slot limit at a short and a long context), ``buckets`` and
+``compiled``. A short table is printed last; ``device_check.json`` and ``device_check.md`` go to
 ``$OUT`` (or ``--out``) when set.
 
 Example::
@@ -40,13 +44,15 @@ import traceback
 # the default step (64-row GEMM tiles, the attention kernel) against the earlier choices
 VARIANTS = {
     "attention in chunks of 256 slots": {"DRAFTWISE_ATTN_CHUNK": "256"},
+    "norms in the GEMMs": {"DRAFTWISE_NORM_IN_GEMM": "1"},
+    "norms in the GEMMs, attention in chunks": {"DRAFTWISE_NORM_IN_GEMM": "1", "DRAFTWISE_ATTN_CHUNK": "256"},
     # other 64-row tiles for every layer (the H200 sweep's best for gate/up and the head)
     "64x128 tiles": {"DRAFTWISE_MM_CONFIG": "64,128,4,4"},
     "64x128 tiles, 8 warps, 3 stages": {"DRAFTWISE_MM_CONFIG": "64,128,8,3"},
     "SDPA": {"DRAFTWISE_TRITON_ATTN": "0"},
     "16-row tiles": {"DRAFTWISE_MM_BM": "16"},
-    "16-row tiles + SDPA (the first H200 step)": {"DRAFTWISE_MM_BM": "16", "DRAFTWISE_TRITON_ATTN": "0"},
 }
+SMALL_VARIANTS = ("norms in the GEMMs",)
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -210,14 +216,17 @@ class Check:
                 torch_buckets = list(be.graphs.buckets)
                 be.graphs, be.model.rowinv = graphs, fast
             variants: dict[str, Any] = {}
-            if graphs.kernels == "triton" and shape == self.args.shapes[-1]:
+            # every variant on the largest shape; the smaller ones' steps are launch-bound,
+            # so there the variant that launches fewer kernels
+            chosen = VARIANTS if shape == self.args.shapes[-1] else {k: VARIANTS[k] for k in SMALL_VARIANTS}
+            if graphs.kernels == "triton":
                 # the same step with 64-row GEMM tiles (a 64-row tree reads each weight once)
                 # and/or the attention kernel in place of SDPA; every bucket must still give
                 # a row the same bits (asked at the first step: rows_agree)
                 from draftwise.backends.cuda.gpu.graphs import StepGraphs
 
                 fast = be.model.rowinv
-                for name, env in VARIANTS.items():
+                for name, env in chosen.items():
                     os.environ.update(env)
                     try:
                         be.graphs = StepGraphs(be.model, kernels="triton")

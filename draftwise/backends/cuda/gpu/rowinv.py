@@ -146,6 +146,12 @@ class RowInvariant:
             raise DraftwiseError(f"DRAFTWISE_TRITON_ATTN must be 0 or 1, got {choice!r}")
         self.attn = choice == "1"
         self.chunk = attn_chunk()
+        # RMSNorm inside the GEMMs that read it (DRAFTWISE_NORM_IN_GEMM=1): 65 launches
+        # fewer a step of the 8B shape (0.39 ms of kernels on an H200); off until timed
+        choice = os.environ.get("DRAFTWISE_NORM_IN_GEMM", "0")
+        if choice not in ("0", "1"):
+            raise DraftwiseError(f"DRAFTWISE_NORM_IN_GEMM must be 0 or 1, got {choice!r}")
+        self.norm_in_gemm = choice == "1"
 
     @classmethod
     def supported(cls, model: Any) -> str | None:
@@ -194,13 +200,15 @@ class RowInvariant:
         res: torch.Tensor | None = None,
         heads: tuple[int, int] | None = None,
         rows: int | None = None,
+        norm: torch.Tensor | None = None,
         cfg: MMConfig | None = None,
     ) -> torch.Tensor:
         """``x`` (M, K) @ ``w`` (N, K).T -> (M, N) (``glu``: w is (2F, K), gate rows then
         up rows, and out (M, F) = act(gate) * up), plus ``bias`` (N,), plus ``res``
         (M, N). ``heads=(head_dim, rep)``: ``x`` is attention's output (1, G, rep*M, D)
-        and ``rows`` is M. ``cfg``: other tiles than ``config``'s (sweeps only: a row's
-        rounding then differs from the step's)."""
+        and ``rows`` is M. ``norm`` (K,): ``x`` is the input of an RMSNorm of that weight
+        (the model's eps), applied inside the GEMM. ``cfg``: other tiles than
+        ``config``'s (sweeps only: a row's rounding then differs from the step's)."""
         n_all, k = w.shape
         n = n_all // 2 if glu else n_all
         if heads is None:
@@ -230,6 +238,8 @@ class RowInvariant:
             out,
             res if res is not None else out,
             bias if bias is not None else out,
+            norm if norm is not None else out,
+            float(self.model.cfg.norm_eps) if norm is not None else 0.0,
             m,
             n,
             k,
@@ -246,6 +256,7 @@ class RowInvariant:
             HAS_BIAS=bias is not None,
             ACT=self.act if glu else 0,
             HAS_RES=res is not None,
+            NORM=norm is not None,
             EVEN_K=k % c.bk == 0,
             UPCAST=self.interpret,
             BM=c.bm,
@@ -387,9 +398,13 @@ class RowInvariant:
         if local is not None:
             local = local.to(model.dtype).repeat(rep, 1)  # (rep B, S)
         x = model.embed_rows(tokens)  # (B, C)
+        fold = self.norm_in_gemm
         for li, layer in enumerate(model.layers):
-            hn = model.norm_rows(x, layer.attn_norm)  # (B, C)
-            qkv = self.mm(hn, layer.wqkv, bias=layer.bqkv)  # (B, (H + 2 H_kv) D)
+            if fold:
+                qkv = self.mm(x, layer.wqkv, bias=layer.bqkv, norm=layer.attn_norm)
+            else:
+                hn = model.norm_rows(x, layer.attn_norm)  # (B, C)
+                qkv = self.mm(hn, layer.wqkv, bias=layer.bqkv)  # (B, (H + 2 H_kv) D)
             qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # (B, H + H_kv, D)
             if layer.q_norm is not None:
                 qk = model.qk_norm(layer, qk).contiguous()
@@ -412,14 +427,20 @@ class RowInvariant:
             else:  # gemma: the norm comes between the projection and the residual
                 a = self.mm(o, layer.wo, heads=heads, rows=rows)
                 x = x + model.norm_rows(a, layer.post_attn_norm)
-            hn = model.norm_rows(x, layer.mlp_norm)  # (B, C)
-            g = self.mm(hn, layer.w13, glu=True)  # (B, F)
+            if fold:
+                g = self.mm(x, layer.w13, glu=True, norm=layer.mlp_norm)  # (B, F)
+            else:
+                hn = model.norm_rows(x, layer.mlp_norm)  # (B, C)
+                g = self.mm(hn, layer.w13, glu=True)  # (B, F)
             if layer.post_mlp_norm is None:
                 x = self.mm(g, layer.w2, res=x)  # (B, C)
             else:
                 x = x + model.norm_rows(self.mm(g, layer.w2), layer.post_mlp_norm)
         model.last_x = x  # (B, C)
-        out = self.mm(model.norm_rows(x, model.norm), model.lm_head)  # (B, V)
+        if fold:
+            out = self.mm(x, model.lm_head, norm=model.norm)  # (B, V)
+        else:
+            out = self.mm(model.norm_rows(x, model.norm), model.lm_head)  # (B, V)
         if cfg.final_softcap is not None:
             out = torch.tanh(out / cfg.final_softcap) * cfg.final_softcap
         return out

@@ -46,6 +46,8 @@ def _mm(
     out_ptr,
     res_ptr,
     bias_ptr,
+    g_ptr,
+    eps,
     M,
     N,
     K: tl.constexpr,
@@ -62,6 +64,7 @@ def _mm(
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
     HAS_RES: tl.constexpr,
+    NORM: tl.constexpr,
     EVEN_K: tl.constexpr,
     UPCAST: tl.constexpr,
     BM: tl.constexpr,
@@ -69,7 +72,12 @@ def _mm(
     BK: tl.constexpr,
 ):
     """out (M, N) = epilogue(x (M, K) @ w[:N] (N, K).T); see the module docstring.
-    ACT: 0 none, 1 silu, 2 gelu (tanh); with ACT the up half is w[up_off : up_off + N]."""
+    ACT: 0 none, 1 silu, 2 gelu (tanh); with ACT the up half is w[up_off : up_off + N].
+    NORM: x is RMSNorm's input: each A tile is scaled by the norm's weight g (K,) on its
+    way to the dot, its rows' squares summed in the same K loop (the tile is loaded
+    anyway: no extra pass), and the products scaled by rsqrt(mean square + eps) before
+    the bias: RMSNorm(x) @ w.T without a launch of its own. Each row's sum runs in the
+    same K order whatever M is."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
     pid_m = pid % num_m  # the row tiles of one weight tile run side by side (L2 reuse)
@@ -81,6 +89,7 @@ def _mm(
     n_ok = rn < N
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+    ss = tl.zeros((BM,), dtype=tl.float32)  # NORM: the rows' sums of squares
     w_rows = w_ptr + rn[None, :] * swn  # (1, BN)
     for k0 in range(0, K, BK):
         kk = k0 + rk  # (BK,)
@@ -103,6 +112,14 @@ def _mm(
             k_ok = kk < K
             a = tl.load(x_ptr + x_off, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(w_rows + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if NORM:
+            af = a.to(tl.float32)
+            ss += tl.sum(af * af, axis=1)
+            if EVEN_K:
+                g = tl.load(g_ptr + kk).to(tl.float32)  # (BK,)
+            else:
+                g = tl.load(g_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+            a = (af * g[None, :]).to(a.dtype)
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -120,6 +137,10 @@ def _mm(
                 bu = bu.to(tl.float32)
             acc_up = tl.dot(a, bu, acc_up)
     dt = out_ptr.dtype.element_ty
+    if NORM:
+        inv = 1.0 / tl.sqrt(ss / K + eps)  # (BM,)
+        acc = acc * inv[:, None]
+        acc_up = acc_up * inv[:, None]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     y = acc

@@ -18,7 +18,7 @@ def _compile(fn, ptrs: dict[str, str], consts: dict, aligned: tuple[str, ...] = 
     from triton.compiler import ASTSource
 
     names = fn.arg_names
-    floats = {"scale", "cap"}
+    floats = {"scale", "cap", "eps"}
     sig = {n: ptrs.get(n) or ("constexpr" if n in consts else "fp32" if n in floats else "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n in ptrs or n in aligned}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()},
@@ -31,7 +31,8 @@ def _compile(fn, ptrs: dict[str, str], consts: dict, aligned: tuple[str, ...] = 
         raise
 
 
-MM_PTRS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_ptr": "*bf16", "bias_ptr": "*bf16"}
+MM_PTRS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_ptr": "*bf16", "bias_ptr": "*bf16",
+           "g_ptr": "*bf16"}
 
 
 # the default tiles, the 16-row ones, and the tile tables device_check.py tries
@@ -47,12 +48,13 @@ def test_every_gemm_tile_of_the_8b_shape_fits_in_shared_memory(bm, tiles, monkey
     seen = set()
     for n, k, act in sorted(layers):
         c = config(n, k, sms=132)
-        key = (c.bn, c.bk, c.warps, c.stages, c.bm, act)
+        key = (c.bn, c.bk, c.warps, c.stages, c.bm, act, n == 4096)
         if key in seen:
             continue
         seen.add(key)
-        consts = dict(K=k, A_HEADS=False, HD=128, REP=4, HAS_BIAS=False, ACT=act, HAS_RES=act == 0,
-                      EVEN_K=True, UPCAST=False, BM=c.bm, BN=c.bn, BK=c.bk)
+        # the residual-adding GEMMs, and those reading an RMSNorm's input (DRAFTWISE_NORM_IN_GEMM)
+        consts = dict(K=k, A_HEADS=False, HD=128, REP=4, HAS_BIAS=False, ACT=act, HAS_RES=act == 0 and n == 4096,
+                      NORM=n != 4096, EVEN_K=True, UPCAST=False, BM=c.bm, BN=c.bn, BK=c.bk)
         out = _compile(kern._mm, MM_PTRS, consts, aligned=("N", "M", "sxm", "swn", "som", "srm", "up_off"),
                        num_warps=c.warps, num_stages=c.stages)
         assert out.metadata.shared <= HOPPER_SMEM, (key, out.metadata.shared)

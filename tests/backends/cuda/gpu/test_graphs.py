@@ -177,6 +177,10 @@ def test_the_triton_switches_are_checked(monkeypatch, model_dir):
     monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", "256")
     assert RowInvariant(fixed.model).chunk == 256
     monkeypatch.delenv("DRAFTWISE_ATTN_CHUNK")
+    monkeypatch.setenv("DRAFTWISE_NORM_IN_GEMM", "on")
+    with pytest.raises(DraftwiseError, match="DRAFTWISE_NORM_IN_GEMM must be 0 or 1, got 'on'"):
+        RowInvariant(fixed.model)
+    monkeypatch.delenv("DRAFTWISE_NORM_IN_GEMM")
     for bad in ("16,256", "12,256,4,4", "16,256,3,4", "16,256,4,0"):
         monkeypatch.setenv("DRAFTWISE_MM_CONFIG", bad)
         with pytest.raises(DraftwiseError, match="DRAFTWISE_MM_CONFIG"):

@@ -205,16 +205,18 @@ def _backend(model_dir, dtype: str, kernels: str):
 @pytest.mark.parametrize(
     "family,attn",
     [("llama3", "0"), ("qwen2", "0"), ("qwen3", "0"), ("gemma2", "0"), ("llama3", "1"), ("gemma2", "1"),
-     ("gemma2", "1:64")],
+     ("gemma2", "1:64"), ("qwen2", "1:0:1"), ("qwen3", "1:0:1"), ("gemma2", "1:0:1")],
 )
 def test_the_step_computes_what_the_torch_fixed_step_does(family, attn, tmp_path, monkeypatch):
     """float32: the kernels' step equals the torch fixed step's to float rounding, after a
     tree and K/V compaction (bias, per-head norms, sandwich norms, GeGLU, soft-capping);
     ``attn``: with the attention kernel (``DRAFTWISE_TRITON_ATTN``) in place of SDPA,
-    ``1:64`` in chunks of 64 slots (``DRAFTWISE_ATTN_CHUNK``)."""
-    attn, _, chunk = attn.partition(":")
+    ``1:64`` in chunks of 64 slots (``DRAFTWISE_ATTN_CHUNK``), ``1:0:1`` with the
+    RMSNorms inside the GEMMs (``DRAFTWISE_NORM_IN_GEMM``)."""
+    attn, chunk, norm = (attn.split(":") + ["0", "0"])[:3]
     monkeypatch.setenv("DRAFTWISE_TRITON_ATTN", attn)
-    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk or "0")
+    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk)
+    monkeypatch.setenv("DRAFTWISE_NORM_IN_GEMM", norm)
     from draftwise.core.tree import DraftTree
     from tests.backends.cuda.test_torch_backend import V, _save_tiny
 
@@ -234,15 +236,16 @@ def test_the_step_computes_what_the_torch_fixed_step_does(family, attn, tmp_path
 
 
 @inner
-@pytest.mark.parametrize("attn", ["0", "1", "1:64"])
+@pytest.mark.parametrize("attn", ["0", "1", "1:64", "1:0:1"])
 def test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless(attn, tmp_path, monkeypatch):
     """bfloat16: every bucket kept (a row computes the same alone and beside 3, 15 or 63
     others), and Cacheback through the kernels equals plain decoding through them; with
-    SDPA, with the attention kernel, and with it in chunks of 64 slots (the text passes
-    64 tokens, so two chunks are merged)."""
-    attn, _, chunk = attn.partition(":")
+    SDPA, with the attention kernel, with it in chunks of 64 slots (the text passes 64
+    tokens, so two chunks are merged), and with the norms inside the GEMMs."""
+    attn, chunk, norm = (attn.split(":") + ["0", "0"])[:3]
     monkeypatch.setenv("DRAFTWISE_TRITON_ATTN", attn)
-    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk or "0")
+    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk)
+    monkeypatch.setenv("DRAFTWISE_NORM_IN_GEMM", norm)
     from draftwise.backends.cuda.gpu.graphs import BUCKETS
     from draftwise.core.decode import Decoder
     from draftwise.core.drafters.base import NoDrafter
@@ -253,7 +256,7 @@ def test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless(attn
     model_dir = _save_tiny(tmp_path / "m", "llama3")[0]
     be = _backend(model_dir, "bfloat16", "triton")
     prompt = np.random.default_rng(3).integers(0, V, 12)
-    prompt = np.concatenate([prompt] * (5 if chunk else 2))  # a repeat, so Cacheback drafts
+    prompt = np.concatenate([prompt] * (5 if chunk != "0" else 2))  # a repeat, so Cacheback drafts
     outs = []
     for drafter in (NoDrafter(), Cacheback()):
         be.reset()
