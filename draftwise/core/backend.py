@@ -43,6 +43,9 @@ class Verified:
 
     argmax: np.ndarray  # (N+1,) int64: the target's greedy next token for each row
     logits: np.ndarray | None = None  # (N+1, V) float32 raw logits, when asked for
+    # with logits, optionally: a compiled ``core.sampling.next_token`` of a row,
+    # sample(row, recent, params, u) -> token, that the decoder calls in its place
+    sample: Callable[[int, np.ndarray, SamplingParams, float], int] | None = None
 
 
 @runtime_checkable

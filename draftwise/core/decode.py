@@ -330,11 +330,14 @@ class Decoder:
         logits = out.logits
         assert logits is not None  # the backend contract, not user input
         window = params.repetition_context
+        sample = out.sample  # the backend's compiled next_token, where it has one
 
         def emit(row: int, path: list[int]) -> int:
             recent = context[:0]  # repetition_context == 0: no penalty window
             if window:
                 recent = np.concatenate([context[-window:], tree.tokens[path]])[-window:]
+            if sample is not None:
+                return sample(row, recent, params, float(u[len(path)]))
             return next_token(logits[row], recent, params, float(u[len(path)]))
 
         return accept(tree, emit)

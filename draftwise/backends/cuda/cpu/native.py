@@ -21,6 +21,10 @@ it wherever it exists (``f32_lib()``).
 ``csrc/argmax.c`` is the greedy verify's argmax over bfloat16 or float32 logits, as
 torch's (first index of the maximum, or of the first NaN), without a float32 copy.
 
+``csrc/sample.c`` samples each row at temperature > 0 (the penalty, the temperature, a
+float64 softmax, the CDF inverted at the row's uniform) in place of numpy's copies: the
+token ``core.sampling.next_token`` gives, but at a CDF step's rounding (see the file).
+
 ``csrc/redrafter.c`` is the ReDrafter drafting step in one call (the cell, the context
 attention and copy gate, the ResBlocks and the draft head, int8 weights, float32
 activations): see ``backends/cuda/redrafter/native.py``.
@@ -55,11 +59,13 @@ import torch
 from draftwise.backends.cuda.cpu.bounds import KV_DTYPES, check_slots, check_tensor
 from draftwise.core.device import cpu_flags, cpu_name
 from draftwise.core.paths import cache_dir
+from draftwise.core.sampling import SamplingParams
 from draftwise.errors import DraftwiseError
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = tuple(
-    CSRC / f for f in ("attention.c", "int4.c", "forward.c", "f32.c", "redrafter.c", "argmax.c")
+    CSRC / f
+    for f in ("attention.c", "int4.c", "forward.c", "f32.c", "redrafter.c", "argmax.c", "sample.c")
 )
 HEADERS = (CSRC / "vec.h",)  # not compiled on their own, but part of the build's key
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
@@ -200,6 +206,11 @@ def attention_lib() -> ctypes.CDLL | None:
                     lib.dw_argmax_ok.argtypes = []
                     lib.dw_argmax.restype = ctypes.c_int
                     lib.dw_argmax.argtypes = [p, i32, i64, i64, p]
+                    lib.dw_sample_ok.restype = ctypes.c_int
+                    lib.dw_sample_ok.argtypes = []
+                    lib.dw_sample_rows.restype = ctypes.c_int
+                    lib.dw_sample_rows.argtypes = [p, i32, i64, i64, ctypes.c_double,
+                                                   ctypes.c_float, p, i64, p, p, p, p]
                     lib.dw_rd_ok.restype = ctypes.c_int
                     lib.dw_rd_ok.argtypes = []
                     rd = lib.dw_rd_step  # argtypes: redrafter/native.py (its structs)
@@ -287,6 +298,57 @@ def native_argmax(lib: ctypes.CDLL, logits: torch.Tensor) -> np.ndarray:
     out = np.empty(t, np.int64)  # (T,)
     if lib.dw_argmax(logits.data_ptr(), int(logits.dtype == torch.bfloat16), t, v, out.ctypes.data):
         raise ValueError(f"native argmax takes rows of fewer than 2^31 logits, got {v}")
+    return out
+
+
+def sample_lib() -> ctypes.CDLL | None:
+    """The compiled sampler (``csrc/sample.c``), or None: no compiler,
+    ``DRAFTWISE_NATIVE=0``, or a CPU without AVX-512 (there numpy samples)."""
+    lib = attention_lib()
+    return lib if lib is not None and lib.dw_sample_ok() == 1 else None
+
+
+def native_sampling_takes(params: SamplingParams) -> bool:
+    """Whether ``native_sample`` computes ``params``' tokens: a temperature, with or
+    without a repetition penalty (top-k, top-p and min-p take the numpy path)."""
+    return (not params.greedy and params.top_k == 0 and params.top_p >= 1.0
+            and params.min_p == 0.0)
+
+
+def native_sample(
+    lib: ctypes.CDLL, logits: torch.Tensor, recent: np.ndarray, u: np.ndarray, params: SamplingParams
+) -> np.ndarray:
+    """(R, V) bfloat16 or float32 logits on CPU, (R, W) penalty windows and (R,) uniforms
+    -> (R,) int64: each row's ``core.sampling.next_token`` (up to a CDF step's rounding),
+    read in place. ``params`` must be ``native_sampling_takes``'.
+
+    Example::
+
+        >>> native_sample(lib, torch.tensor([[0.1, 2.0, 0.5]]), np.zeros((1, 0), np.int64),
+        ...               np.array([0.3]), SamplingParams(temperature=1.0))   # doctest: +SKIP
+        array([1])
+    """
+    check_tensor("logits", logits, logits.dtype, 2)
+    if logits.dtype not in (torch.bfloat16, torch.float32) or logits.device.type != "cpu":
+        raise ValueError(f"native sampling needs bfloat16 or float32 logits on CPU, got {logits.dtype}")
+    if not native_sampling_takes(params):
+        raise ValueError(f"native sampling takes a temperature and a penalty only, got {params}")
+    r, v = logits.shape
+    recent = np.ascontiguousarray(recent, np.int64)
+    u = np.ascontiguousarray(u, np.float64)
+    if recent.ndim != 2 or recent.shape[0] != r or u.shape != (r,):
+        raise ValueError(f"native sampling of {r} rows got windows {recent.shape} and uniforms {u.shape}")
+    out = np.empty(r, np.int64)  # (R,)
+    x = np.empty(v, np.float32)  # the row as float32 (penalised)
+    blocks = np.empty(v // 16 + 1, np.float64)  # its block sums
+    pen = params.repetition_penalty if recent.shape[1] else 1.0
+    rc = lib.dw_sample_rows(logits.data_ptr(), int(logits.dtype == torch.bfloat16), r, v,
+                            float(params.temperature), float(pen), recent.ctypes.data,
+                            recent.shape[1], u.ctypes.data, out.ctypes.data, x.ctypes.data,
+                            blocks.ctypes.data)
+    if rc:
+        raise ValueError("native sampling: " + ("a penalty window id outside the vocabulary"
+                                                if rc == 2 else f"rows of {v} logits not taken"))
     return out
 
 
