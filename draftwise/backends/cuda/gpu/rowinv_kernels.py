@@ -321,10 +321,21 @@ def _attn(
         tl.store(base + q_rows * (BD + 2) + BD, m_i)
         tl.store(base + q_rows * (BD + 2) + BD + 1, l_i)
     else:
-        o = acc / l_i[:, None]
-        head = g * REP + r // B
-        tl.store(o_ptr + b[:, None] * sor + head[:, None] * D + d[None, :], o.to(o_ptr.dtype.element_ty),
-                 mask=r_ok[:, None] & d_ok[None, :])
+        _write_rows(o_ptr, acc, l_i, g, t, B, R, sor, D, REP, BD, BQ)
+
+
+@triton.jit
+def _write_rows(o_ptr, acc, l_sum, g, t, B, R, sor, D: tl.constexpr, REP: tl.constexpr,
+                BD: tl.constexpr, BQ: tl.constexpr):
+    """The BQ query rows of tile t of group g normalised (acc / l_sum) and written as
+    (B, H D) rows: query row j B + b is head g REP + j of step row b."""
+    r = t * BQ + tl.arange(0, BQ)  # (BQ,)
+    b = r % B
+    d = tl.arange(0, BD)
+    head = g * REP + r // B
+    o = acc / l_sum[:, None]
+    tl.store(o_ptr + b[:, None] * sor + head[:, None] * D + d[None, :], o.to(o_ptr.dtype.element_ty),
+             mask=(r < R)[:, None] & (d < D)[None, :])
 
 
 @triton.jit
@@ -350,11 +361,7 @@ def _attn_combine(
     exp(-1e30 - m) = 0 (the bias hides all of its slots)."""
     g = tl.program_id(0)
     t = tl.program_id(1)
-    r = t * BQ + tl.arange(0, BQ)  # (BQ,)
-    r_ok = r < R
-    b = r % B
     d = tl.arange(0, BD)
-    d_ok = d < D
     q_rows = tl.arange(0, BQ)
     end = S
     if BOUNDED:
@@ -374,7 +381,4 @@ def _attn_combine(
             l_sum = l_sum * alpha + l_c * beta
             acc = acc * alpha[:, None] + a_c * beta[:, None]
             m = m_new
-    o = acc / l_sum[:, None]
-    head = g * REP + r // B
-    tl.store(o_ptr + b[:, None] * sor + head[:, None] * D + d[None, :], o.to(o_ptr.dtype.element_ty),
-             mask=r_ok[:, None] & d_ok[None, :])
+    _write_rows(o_ptr, acc, l_sum, g, t, B, R, sor, D, REP, BD, BQ)

@@ -124,6 +124,17 @@ def test_rope_and_the_kv_write_are_the_torch_steps(rot):
     assert kv[:, :, :10].abs().sum() == 0 and kv[:, :, 13:].abs().sum() == 0  # no other slot
 
 
+def _attention_only(cap: float | None):
+    """The kernels' launchers for a stand-in model that only attends (``cap``: gemma-2's
+    score soft-capping), under the interpreter."""
+    from types import SimpleNamespace as NS
+
+    from draftwise.backends.cuda.gpu.rowinv import RowInvariant
+
+    cfg = NS(act="silu", attn_scale=None, attn_softcap=cap)
+    return RowInvariant(NS(cfg=cfg, device=torch.device("cpu")), interpret=True)
+
+
 @inner
 @pytest.mark.parametrize("cap,chunk", [(None, "0"), (5.0, "0"), (None, "64"), (5.0, "64")])
 def test_the_attention_kernel_computes_what_sdpa_does(cap, chunk, monkeypatch):
@@ -131,15 +142,10 @@ def test_the_attention_kernel_computes_what_sdpa_does(cap, chunk, monkeypatch):
     partial) under an additive bias that hides some slots per step row; written as
     (B, H D) rows. ``cap`` 5.0: gemma-2's score soft-capping; ``chunk`` 64: two chunks
     walked side by side and merged (``DRAFTWISE_ATTN_CHUNK``)."""
-    from types import SimpleNamespace as NS
-
-    from draftwise.backends.cuda.gpu.rowinv import RowInvariant
-
     monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk)
     torch.manual_seed(4)
     g, rep, b, s, d = 2, 2, 3, 70, 16
-    cfg = NS(act="silu", attn_scale=None, attn_softcap=cap)
-    ri = RowInvariant(NS(cfg=cfg, device=torch.device("cpu")), interpret=True)
+    ri = _attention_only(cap)
     q, kv = torch.randn(1, g, rep * b, d), torch.randn(2, g, s, d)
     bias = torch.zeros(b, s)
     bias[0, 40:] = float("-inf")  # step row 0 sees slots 0..39, row 2 all but 5..9
@@ -164,15 +170,12 @@ def test_the_attention_kernel_stops_after_the_last_row_slot_with_the_same_bits(l
     later slot is hidden by the bias, so the result is bit-equal to walking all S slots
     (the hidden slots hold large finite values: they would show if read wrongly); in
     one program or in chunks merged after (``chunk``)."""
-    from types import SimpleNamespace as NS
-
-    from draftwise.backends.cuda.gpu.rowinv import ATTN_BS, RowInvariant
+    from draftwise.backends.cuda.gpu.rowinv import ATTN_BS
 
     monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk)
     torch.manual_seed(5)
     g, rep, b, s, d = 2, 2, 3, 200, 16
-    cfg = NS(act="silu", attn_scale=None, attn_softcap=None)
-    ri = RowInvariant(NS(cfg=cfg, device=torch.device("cpu")), interpret=True)
+    ri = _attention_only(None)
     q, kv = torch.randn(1, g, rep * b, d), torch.randn(2, g, s, d)
     slots = torch.arange(last - b + 1, last + 1)  # (B,): the step rows' own slots
     kv[:, :, last + 1 :] = 1e4  # (never seen)
