@@ -102,7 +102,8 @@ def read_curve(spec: str) -> CostModel:
         variants = c.get("variants", {})
         if "graph_ms" not in variants.get(variant, {}):
             raise SystemExit(f"no variant {variant!r} of {shape!r} in {path} (has {sorted(variants)})")
-        return CostModel(rows=c["rows"], ms=variants[variant]["graph_ms"])
+        v = variants[variant]
+        return CostModel(rows=v.get("rows", c["rows"]), ms=v["graph_ms"])
     return CostModel(rows=c["rows"], ms=c["graph_ms"])
 
 

@@ -49,9 +49,12 @@ def test_a_device_check_curve_or_one_of_its_variants_is_read(tmp_path):
     check = tmp_path / "device_check.json"
     check.write_text(json.dumps({"curves": {"llama-3.1-8b": {
         "rows": [1, 16, 64], "graph_ms": [6.2, 6.4, 6.5],
-        "variants": {"16-row tiles": {"graph_ms": [5.7, 5.8, 14.2]}, "broken": {"error": "x"}}}}}))
+        "variants": {"16-row tiles": {"graph_ms": [5.7, 5.8, 14.2]}, "broken": {"error": "x"},
+                     "chunks": {"rows": [1, 64], "graph_ms": [6.0, 6.3]}}}}}))
     assert mod.read_curve(f"{check}:llama-3.1-8b").ms.tolist() == [[6.2, 6.4, 6.5]]
     assert mod.read_curve(f"{check}:llama-3.1-8b:16-row tiles").ms.tolist() == [[5.7, 5.8, 14.2]]
+    chunks = mod.read_curve(f"{check}:llama-3.1-8b:chunks")  # timed at its own row counts
+    assert chunks.rows.tolist() == [1, 64] and chunks.ms.tolist() == [[6.0, 6.3]]
     for bad, says in ((f"{check}:llama-3.1-8b:broken", "no variant 'broken'"),
                       (f"{check}:tiny", "no graph curve for 'tiny'"),
                       (f"{tmp_path}/none.json:tiny", "with an existing file")):
