@@ -7,9 +7,10 @@ order, so a row's bits never depend on the other rows: invariant by construction
 call per layer instead of the ~45 torch ops of ``invariant.block_attention``. Measured on
 this project's CPU: see ``tests/backends/cuda/test_native.py`` and the README.
 
-``csrc/int4.c`` multiplies bfloat16 activations by 4-bit weights with avx512_bf16 dot
-products, each output element start to end in one thread: row-invariant too (see
-``int4.py``); on a CPU without avx512_bf16 it reports itself unavailable
+``csrc/int4.c`` multiplies 4-bit weights by int8-quantised activations (per row and block
+of 32) with avx512_vnni dot products, each output element start to end in one thread:
+row-invariant too (see ``int4.py``); on a CPU without avx512_bf16 and avx512_vnni it
+reports itself unavailable
 (``int4_lib()`` is None) and the 4bit mode keeps torch's kernel.
 
 ``csrc/f32.c`` multiplies float32 activations by a packed float32 weight with AVX2 FMAs,
@@ -75,7 +76,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                   "-fno-omit-frame-pointer", "-g")
 INT4_TILE_BYTES = 320  # one 16 x 32 tile of int4.c's 4-bit layout (codes, scales, mins)
-Q8_TILE_BYTES = 544  # one 16 x 32 tile of its Q8_0 layout (codes, scales)
+Q8_TILE_BYTES = 576  # one 16 x 32 tile of its Q8_0 layout (codes, scales, code sums)
 _lock = threading.Lock()
 _threads = threading.local()  # the calling thread's kernel thread count (kernel_threads)
 _lib: ctypes.CDLL | None = None
@@ -223,7 +224,7 @@ def attention_lib() -> ctypes.CDLL | None:
 
 def int4_lib() -> ctypes.CDLL | None:
     """The compiled 4-bit matmul, or None (no compiler, ``DRAFTWISE_NATIVE=0``, or a CPU
-    without avx512_bf16)."""
+    without avx512_bf16 and avx512_vnni)."""
     lib = attention_lib()
     return lib if lib is not None and lib.dw_int4_ok() == 1 else None
 
@@ -354,7 +355,7 @@ def native_sample(
 
 def native_int4_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """(T, K) bfloat16 times a packed weight: 4-bit (N / 16, K / 32, 320) uint8 or Q8_0
-    (N / 16, K / 32, 544) (see ``int4.pack_native``, ``int4.pack_q8``): (T, N) bfloat16."""
+    (N / 16, K / 32, 576) (see ``int4.pack_native``, ``int4.pack_q8``): (T, N) bfloat16."""
     check_tensor("packed 4-bit weight", packed, torch.uint8, 3)
     check_tensor("x", x, x.dtype, 2, contiguous=False)
     t, k = x.shape
@@ -369,7 +370,7 @@ def native_int4_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> t
     if t and fn(
         x.data_ptr(), t, k, packed.data_ptr(), tiles * 16, y.data_ptr(), kernel_threads()
     ):
-        raise MemoryError("native int4 could not allocate its block sums")
+        raise MemoryError("native int4 could not allocate its quantised rows")
     return y
 
 
