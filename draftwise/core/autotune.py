@@ -128,11 +128,12 @@ SMALL_TREE = 4
 # made 4 rows 1.1-1.25x one row on the AMD EPYC Zen 5 VM: auto then merged every member
 # on such text and drafted with the ReDrafter alone 5 steps in 425 (writing and coding,
 # 2 Spec-Bench prompts each: 362 tok/s against `none`'s 385); at 1.05, 237 in 352 (431
-# against 392; `redrafter:bw=1,t=3` 443). A chain token is verified where its path probability (the member's own,
-# calibrated on held-out corpus prompts: accepted 0.14-0.19 of the time at 0.1-0.3,
-# 0.92-0.99 at 0.9-1.0) pays for its verify row and the chain step that drafted it at
-# the solo way's measured tokens per ms (``AutoDrafter._solo_floor``); a chain step costs
-# CHAIN_STEP x a plain step (0.10-0.13 ms against 2.6-2.9 on the AMD EPYC Zen 5 VM)
+# against 392; `redrafter:bw=1,t=3` 443). A chain token is verified where its path
+# probability (the member's own, calibrated on held-out corpus prompts: accepted
+# 0.14-0.19 of the time at 0.1-0.3, 0.92-0.99 at 0.9-1.0) pays for its verify row and
+# the chain step that drafted it at the solo way's measured tokens per ms
+# (``AutoDrafter._solo_floor``); a chain step costs CHAIN_STEP x a plain step (0.10-0.13
+# ms against 2.6-2.9 on the AMD EPYC Zen 5 VM)
 SOLO_T = 3
 SOLO_STEEP = 1.05
 CHAIN_STEP = 0.04
@@ -200,7 +201,16 @@ class AutoDrafter:
         # by measured tokens per ms of whole steps (``core.step_rates``)
         self._sampling = False  # the decoder's path (plan_for): solo chains are greedy's
         self._solo = next((i for i in self._prob_sources if i in self._beams), None)
-        self.rates = StepRates(("full", "solo"), EXPLORE_EVERY) if self._solo is not None else None
+        # when sampling, a third way: ``plain`` (no draft at all). A drafted token is then
+        # accepted with the target's probability of it (0.2-0.3 on Spec-Bench at T = 0.8),
+        # and on a steep curve neither way paid for itself: seeded Spec-Bench, AMD EPYC
+        # Zen 5, `auto` 0.93x `none` (full 0.89x, solo 0.95-0.99x on 13 prompts)
+        self._greedy_rates: StepRates | None = None
+        self._sampling_rates: StepRates | None = None
+        if self._solo is not None:
+            self._greedy_rates = StepRates(("full", "solo"), EXPLORE_EVERY)
+            self._sampling_rates = StepRates(("full", "solo", "plain"), EXPLORE_EVERY)
+        self.rates = self._greedy_rates
         self.way = "full"  # the way of the last proposal
         self.solo_steps = 0
         self._step_start: float | None = None  # perf_counter at the last proposal
@@ -213,6 +223,7 @@ class AutoDrafter:
     def plan_for(self, sampling: bool) -> None:
         """Plan with the cost curve of the verify path in use (called by the decoder)."""
         self._sampling = sampling
+        self.rates = self._sampling_rates if sampling else self._greedy_rates
         if not sampling or self._sampling_cost is None:
             self.cost = self.greedy_cost
         else:
@@ -255,6 +266,9 @@ class AutoDrafter:
             self.way = self.rates.choose() if steep else "full"
             if self.way == "solo" and cap > 0:
                 return self._propose_solo(context, cap)
+            if self.way == "plain":
+                self.last_budget = 0
+                return DraftTree.empty()
         if cap <= 0:
             self.last_budget = 0
             return DraftTree.empty()

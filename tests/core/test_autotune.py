@@ -421,6 +421,40 @@ def test_auto_drafts_with_its_precise_member_alone_where_whole_steps_say_so(
         assert late.count(best) >= 0.8 * len(late) and 1 <= late.count(other) <= 0.2 * len(late)
 
 
+def test_when_sampling_auto_drafts_nothing_where_plain_steps_are_fastest(monkeypatch):
+    """At temperature > 0 auto times a third way, ``plain`` (no draft): where its whole
+    steps give more tokens per ms than either drafting way, most steps draft nothing
+    (the runner-up is still tried every EXPLORE_EVERY-th step); greedy has no such way."""
+    import draftwise.core.autotune as at
+
+    clock = [0.0]
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    cost = CostModel(rows=[1, 2, 4, 64], ms=[10.0, 11.0, 16.0, 400.0])
+    auto = AutoDrafter([Cacheback(), _Chain()], cost)
+    auto.plan_for(True)
+    ctx, ways = [1, 2, 3] * 10, []
+    for _ in range(80):
+        tree = auto.propose(np.array(ctx), 8)
+        ways.append(auto.way)
+        if auto.way == "plain":
+            assert len(tree) == 0
+        clock[0] += 0.002 if auto.way == "plain" else 0.004  # one token a step either way
+        ctx.append(5)
+        auto.update(np.array(ctx), 1)
+    late = ways[20:]
+    assert late.count("plain") >= 0.8 * len(late) and late.count("plain") < len(late)
+    auto.plan_for(False)
+    auto.begin(np.array(ctx))
+    greedy = []
+    for _ in range(20):
+        auto.propose(np.array(ctx), 8)
+        greedy.append(auto.way)
+        clock[0] += 0.003
+        ctx.append(5)
+        auto.update(np.array(ctx), 1)
+    assert "plain" not in greedy
+
+
 def test_a_full_step_that_copied_a_span_is_followed_by_another(monkeypatch):
     """A full step that emitted BURST tokens or more (a copied span being accepted) is
     followed by a full step, whatever the measured rates prefer."""
