@@ -40,7 +40,8 @@ from draftwise.errors import DraftwiseError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # "4bit": 4-bit linear weights (a Q4 GGUF's own codes, else round-to-nearest) with
-# bfloat16 activations, on CPU (``int4.py``)
+# bfloat16 activations (which the compiled kernel quantises to int8 per block of 32), on
+# CPU (``int4.py``)
 TORCH_DTYPES = (*DTYPES, "4bit")
 PREFILL_CHUNK = 256  # rows per prefill forward: bounds the (T, S) mask and activations
 DEFAULT_MAX_CACHE = 8192  # slots preallocated when max_cache_len is not given

@@ -4,8 +4,9 @@ A mode is a dtype plus whether verification is batch-invariant. Speculative outp
 plain decoding *in the same mode*; the lossless candidates are float32, bfloat16 with
 batch-invariant verification (bf16 without it flips near-tied argmaxes with the row
 count) and, for a model converted from a Q4_0 / Q4_1 GGUF, ``4bit``: the file's own 4-bit
-codes through torch's int4 CPU kernel with bfloat16 activations, batch-invariant
-(``int4.py``). Measured on this project's 2-core CPU (AMD EPYC, avx512_bf16, torch 2.13;
+codes through the compiled int4 kernel (int8-quantised activations; torch's int4 CPU
+kernel with bfloat16 activations where it cannot build), batch-invariant (``int4.py``).
+Measured on this project's 2-core CPU (AMD EPYC, avx512_bf16, torch 2.13;
 ms per verify at context 256, ``draftwise tune --modes``, ``bench/results/modes-cpu``):
 1 row float32 34.3, bfloat16-invariant 22.4, 4bit-invariant 12.5; 16 rows 70.7 / 42.1 /
 36.8. So a CPU with bf16 dot-product instructions (``avx512_bf16``, ``amx_bf16``) defaults
