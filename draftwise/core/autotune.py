@@ -127,13 +127,13 @@ SMALL_TREE = 4
 # row or more: not on a GPU's flat curve). 1.2 before the 4bit kernel's int8 products
 # made 4 rows 1.1-1.25x one row on the AMD EPYC Zen 5 VM: auto then merged every member
 # on such text and drafted with the ReDrafter alone 5 steps in 425 (writing and coding,
-# 2 Spec-Bench prompts each: 362 tok/s against `none`'s 385); at 1.05, 237 in 352 (431
-# against 392; `redrafter:bw=1,t=3` 443). A chain token is verified where its path
-# probability (the member's own, calibrated on held-out corpus prompts: accepted
-# 0.14-0.19 of the time at 0.1-0.3, 0.92-0.99 at 0.9-1.0) pays for its verify row and
-# the chain step that drafted it at the solo way's measured tokens per ms
-# (``AutoDrafter._solo_floor``); a chain step costs CHAIN_STEP x a plain step (0.10-0.13
-# ms against 2.6-2.9 on the AMD EPYC Zen 5 VM)
+# 2 Spec-Bench prompts each: 362 tok/s against `none`'s 385); at 1.05, 209-287 in
+# 346-362 (394-430 against 385-421; `redrafter:bw=1,t=3` 412-457; two runs). A chain
+# token is verified where its path probability (the member's own, calibrated on held-out
+# corpus prompts: accepted 0.14-0.19 of the time at 0.1-0.3, 0.92-0.99 at 0.9-1.0) pays
+# for its verify row and the chain step that drafted it at the solo way's measured
+# tokens per ms (``AutoDrafter._solo_floor``); a chain step costs CHAIN_STEP x a plain
+# step (0.10-0.13 ms against 2.6-2.9 on the AMD EPYC Zen 5 VM)
 SOLO_T = 3
 SOLO_STEEP = 1.05
 CHAIN_STEP = 0.04
