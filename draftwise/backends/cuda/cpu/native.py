@@ -386,8 +386,9 @@ def native_attention(
     (2, H_kv, T_max, D): row i sees slots ``0 .. committed-1`` then
     ``extra[i, :n_extra[i]]`` ((T, E) int64, (T,) int32). Returns (T, H D) float32. Rows
     of ``q`` beyond ``extra``'s are padding and get row 0's output (as
-    ``block_attention``). A bfloat16 cache gives the bits of a float32 one holding the
-    same values (each element is widened exactly)."""
+    ``block_attention``). A bfloat16 cache is attended as a bfloat16 model would (with
+    avx512_bf16: the scaled query rounded to bfloat16 for the scores, exact float32
+    products and sums; see ``csrc/attention.c``)."""
     if kv.dtype not in KV_DTYPES or not kv.is_contiguous() or q.device.type != "cpu":
         raise ValueError("native attention needs a contiguous float32 or bfloat16 CPU cache")
     check_tensor("kv", kv, kv.dtype, 4)
