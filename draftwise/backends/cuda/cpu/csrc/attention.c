@@ -140,24 +140,6 @@ static inline __attribute__((always_inline)) void store_out(float *o, const __m5
     for (; v < NV; v++) _mm512_storeu_ps(o + 16 * v, tv[v]);
 }
 
-/* 16 vectors -> one: lane u of the result is the sum of a[u]'s 16 lanes (a fixed
- * transpose-and-add tree). */
-static inline __m512 sum16x16(const __m512 *a) {
-    __m512 b[8], c[4];
-    for (int u = 0; u < 8; u++)
-        b[u] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * u], a[2 * u + 1]),
-                             _mm512_unpackhi_ps(a[2 * u], a[2 * u + 1]));
-    for (int u = 0; u < 4; u++) {
-        __m512d x = _mm512_castps_pd(b[2 * u]), y = _mm512_castps_pd(b[2 * u + 1]);
-        c[u] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    /* each 128-bit lane of c[u] now holds keys 4u..4u+3, partial over that lane */
-    __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-    __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
-}
-
 /* A query as the scores read it: NV float32 vectors in order (a float32 cache), or, for a
  * bfloat16 cache, rounded to bfloat16 (to nearest even) in 32-element vectors (an odd last
  * 16 zero-padded) for vdpbf16ps. */

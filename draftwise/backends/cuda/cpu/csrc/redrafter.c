@@ -320,7 +320,7 @@ static int64_t argmax_of(const float *x, int64_t n) {
 
 /* Attention of one row's query q (D) over the proposal's m entries and the nowhere
  * slot, per head; o (D) the read-out, w0 (m) head 0's weights. sc: m + 1 floats. */
-static void attend(const DwRdNet *net, const DwRdProposal *pr, const float *q, float *o,
+static void attend_scalar(const DwRdNet *net, const DwRdProposal *pr, const float *q, float *o,
                    float *w0, float *sc) {
     int64_t d = net->d, nh = net->heads, dh = d / nh, m = pr->m;
     float scale = 1.0f / sqrtf((float)dh);
@@ -338,6 +338,67 @@ static void attend(const DwRdNet *net, const DwRdProposal *pr, const float *q, f
             if (h == 0) w0[j] = a;
         }
     }
+}
+
+#if defined(__AVX512F__)
+/* attend_scalar for one head of 16 NV dimensions (a compile-time constant), in 16 lanes:
+ * the scores of 16 entries at a time (each entry's NV fused multiply-adds, then
+ * sum16x16), the read-out with the entries alternating between two accumulator sets.
+ * At 1,000 entries a chain step's four heads took about 0.03 ms with the scalar loops. */
+static inline __attribute__((always_inline)) void attend_head(
+    const float *qh, const float *keys, const float *vals, int64_t d, int64_t m, float scale,
+    float *oh, float *w0, float *sc, const int NV) {
+    __m512 qv[8], a[16];
+    for (int v = 0; v < NV; v++) qv[v] = _mm512_loadu_ps(qh + 16 * v);
+    int64_t j = 0;
+    for (; j + 16 <= m; j += 16) {
+        for (int u = 0; u < 16; u++) {
+            const float *k = keys + (j + u) * d;
+            a[u] = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+            for (int v = 1; v < NV; v++) a[u] = _mm512_fmadd_ps(qv[v], _mm512_loadu_ps(k + 16 * v), a[u]);
+        }
+        _mm512_storeu_ps(sc + j, _mm512_mul_ps(sum16x16(a), _mm512_set1_ps(scale)));
+    }
+    for (; j < m; j++) sc[j] = dot_f(qh, keys + j * d, 16 * NV) * scale;
+    sc[m] = 0.0f; /* attend nowhere */
+    float tot = exp_shift(sc, m + 1, max_of(sc, m + 1));
+    __m512 acc[2][8];
+    for (int w = 0; w < 2; w++)
+        for (int v = 0; v < NV; v++) acc[w][v] = _mm512_setzero_ps();
+    for (j = 0; j < m; j++) {
+        float aj = sc[j] / tot;
+        if (w0 != NULL) w0[j] = aj;
+        __m512 p = _mm512_set1_ps(aj);
+        const float *vr = vals + j * d;
+        if (j % 2)
+            for (int v = 0; v < NV; v++) acc[1][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * v), acc[1][v]);
+        else
+            for (int v = 0; v < NV; v++) acc[0][v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * v), acc[0][v]);
+    }
+    for (int v = 0; v < NV; v++) _mm512_storeu_ps(oh + 16 * v, _mm512_add_ps(acc[0][v], acc[1][v]));
+}
+#endif
+
+/* attend_scalar's results, vectorised for head sizes 32, 64 and 128. */
+static void attend(const DwRdNet *net, const DwRdProposal *pr, const float *q, float *o,
+                   float *w0, float *sc) {
+#if defined(__AVX512F__)
+    int64_t d = net->d, nh = net->heads, dh = d / nh, m = pr->m;
+    if (dh == 32 || dh == 64 || dh == 128) {
+        float scale = 1.0f / sqrtf((float)dh);
+        for (int64_t h = 0; h < nh; h++) {
+            const float *qh = q + h * dh, *keys = pr->keys + h * dh, *vals = pr->vals + h * dh;
+            float *oh = o + h * dh, *w = h == 0 ? w0 : NULL;
+            switch (dh) {
+            case 32: attend_head(qh, keys, vals, d, m, scale, oh, w, sc, 2); break;
+            case 64: attend_head(qh, keys, vals, d, m, scale, oh, w, sc, 4); break;
+            default: attend_head(qh, keys, vals, d, m, scale, oh, w, sc, 8); break;
+            }
+        }
+        return;
+    }
+#endif
+    attend_scalar(net, pr, q, o, w0, sc);
 }
 
 /* One drafting step for b rows; see the file's comment. s_prev (rows of the previous

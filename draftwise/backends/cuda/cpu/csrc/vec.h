@@ -1,4 +1,4 @@
-/* Shared AVX-512 helpers of the compiled kernels (attention.c, forward.c). */
+/* Shared AVX-512 helpers of the compiled kernels (attention.c, forward.c, redrafter.c). */
 #ifndef DW_VEC_H
 #define DW_VEC_H
 #if defined(__AVX512F__)
@@ -32,6 +32,24 @@ static inline __m256i dw_to_bf16_16(__m512 v) {
     __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
     return _mm512_cvtepi32_epi16(r);
+}
+
+/* 16 vectors -> one: lane u of the result is the sum of a[u]'s 16 lanes (a fixed
+ * transpose-and-add tree). */
+static inline __m512 sum16x16(const __m512 *a) {
+    __m512 b[8], c[4];
+    for (int u = 0; u < 8; u++)
+        b[u] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * u], a[2 * u + 1]),
+                             _mm512_unpackhi_ps(a[2 * u], a[2 * u + 1]));
+    for (int u = 0; u < 4; u++) {
+        __m512d x = _mm512_castps_pd(b[2 * u]), y = _mm512_castps_pd(b[2 * u + 1]);
+        c[u] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    /* each 128-bit lane of c[u] now holds keys 4u..4u+3, partial over that lane */
+    __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+    __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
 }
 
 #endif
