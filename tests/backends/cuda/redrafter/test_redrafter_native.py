@@ -64,6 +64,22 @@ def test_native_step_equals_the_torch_step(tiny, context_dim, extend):  # type: 
 
 
 @needs_native
+@pytest.mark.parametrize("context_dim", [128, 512], ids=["head32", "head128"])
+def test_native_context_attention_over_many_entries(tiny, context_dim):  # type: ignore[no-untyped-def]
+    """The compiled context attention in 16 lanes (head sizes 32 and 128 here, 64 in the
+    shipped network): over 60 context entries (three blocks of 16 and a tail) its
+    distributions are the int8 torch step's up to the float32 rounding."""
+    net = _net(tiny, context_dim, noise=0.2)
+    rng = np.random.default_rng(context_dim)
+    ctx = np.concatenate([[3], rng.integers(2, 97, 60)]).astype(np.int64)
+    q8 = _two_steps(TorchRecurrentStep(net, tiny, int8=True), tiny, ctx)
+    got = _two_steps(_native_or_skip(net, tiny), tiny, ctx)
+    for b, c in zip(q8, got, strict=True):
+        assert c.shape == b.shape
+        assert np.abs(np.exp(b) - np.exp(c)).max() < 0.02
+
+
+@needs_native
 def test_native_step_refuses_bad_arguments(tiny):  # type: ignore[no-untyped-def]
     """Token ids outside the vocabulary and parent rows the last step did not have are
     refused with one line before the compiled call."""
