@@ -140,15 +140,15 @@ static inline __attribute__((always_inline)) void store_out(float *o, const __m5
     for (; v < NV; v++) _mm512_storeu_ps(o + 16 * v, tv[v]);
 }
 
-/* A query as the scores read it: NV float32 vectors in order (a float32 cache), or, for a
- * bfloat16 cache, rounded to bfloat16 (to nearest even) in 32-element vectors (an odd last
- * 16 zero-padded) for vdpbf16ps. */
 #if defined(__AVX512BF16__)
 #define DW_DPBF16 1 /* bfloat16 caches' scores with vdpbf16ps */
 #else
 #define DW_DPBF16 0 /* AVX-512 without it: every cache widened to float32 */
 #endif
 
+/* A query as the scores read it: NV float32 vectors in order (a float32 cache), or, for a
+ * bfloat16 cache, rounded to bfloat16 (to nearest even) in 32-element vectors (an odd last
+ * 16 zero-padded) for vdpbf16ps. */
 typedef struct {
     __m512 f[8];
 #if DW_DPBF16
