@@ -228,11 +228,17 @@ static inline __attribute__((always_inline)) void head_rows_nv(
     const int d = 16 * NV;
     int64_t shared = committed / 16 * 16;
     DwQuery qq;
-    for (int64_t j = 0; j < shared; j += 16)
+    const int elem = BF ? 2 : 4;
+    for (int64_t j = 0; j < shared; j += 16) {
+        /* the block two ahead into L1: at context 700 a 4-row verify took 3-5% less (Zen 5
+         * VM, two alternations); a prefetch past the cache's end is harmless */
+        const char *pk = (const char *)K + (j + 32) * d * elem;
+        for (int l = 0; l < 16 * d * elem; l += 64) _mm_prefetch(pk + l, _MM_HINT_T0);
         for (int r = 0; r < t; r++) {
             load_query(qh + r * ld, &qq, NV, BF);
             _mm512_storeu_ps(s + r * lds + j, scores16(&qq, K, j, committed, NULL, NV, BF));
         }
+    }
     for (int r = 0; r < t; r++) {
         const int64_t *ex = extra + (int64_t)r * e;
         float *sr = s + r * lds;
@@ -273,6 +279,10 @@ static inline __attribute__((always_inline)) void head_rows_nv(
                     for (int v = 0; v < NV; v++) acc[g][w][v] = _mm512_setzero_ps();
             for (int64_t j = 0; j < shared; j += 2)
                 for (int w = 0; w < 2; w++) {
+                    if (((j + w) & 7) == 0) { /* values 32 ahead, 8 at a time */
+                        const char *pv = (const char *)V + (j + w + 32) * d * 2;
+                        for (int l = 0; l < 8 * d * 2; l += 64) _mm_prefetch(pv + l, _MM_HINT_T0);
+                    }
                     __m512 vx[8];
                     value_vecs(V, (j + w) * d, NV, 1, vx);
                     for (int g = 0; g < G && g < gn; g++) {
