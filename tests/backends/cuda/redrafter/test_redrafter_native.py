@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from draftwise.backends.cuda.cpu.native import redrafter_lib  # noqa: E402
+from draftwise.backends.cuda.cpu.native import redrafter_lib, set_kernel_threads  # noqa: E402
 from draftwise.backends.cuda.redrafter.native import (  # noqa: E402
     NativeRecurrentStep,
     native_supported,
@@ -83,16 +83,27 @@ def test_native_step_equals_the_torch_step(tiny, context_dim, extend, products):
 
 @needs_native
 @pytest.mark.parametrize("context_dim", [128, 512], ids=["head32", "head128"])
-def test_native_context_attention_over_many_entries(tiny, context_dim, products):  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("entries", [60, 200])
+def test_native_context_attention_over_many_entries(tiny, context_dim, entries, products):  # type: ignore[no-untyped-def]
     """The compiled context attention in 16 lanes (head sizes 32 and 128 here, 64 in the
-    shipped network): over 60 context entries (three blocks of 16 and a tail) its
-    distributions are the int8 torch step's up to the activations' rounding (bfloat16
-    there; float32, or int8 in groups of 4 with vpdpbusd, here)."""
+    shipped network): over 60 context entries (three blocks of 16 and a tail) and over
+    200 (from 128 on, the heads go to the threads) its distributions are the int8 torch
+    step's up to the activations' rounding (bfloat16 there; float32, or int8 in groups of
+    4 with vpdpbusd, here), and the same bits on one thread as on two."""
     net = _net(tiny, context_dim, noise=0.2)
     rng = np.random.default_rng(context_dim)
-    ctx = np.concatenate([[3], rng.integers(2, 97, 60)]).astype(np.int64)
+    ctx = np.concatenate([[3], rng.integers(2, 97, entries)]).astype(np.int64)
     q8 = _two_steps(TorchRecurrentStep(net, tiny, int8=True), tiny, ctx)
-    got = _two_steps(_native_or_skip(net, tiny), tiny, ctx)
+    native = _native_or_skip(net, tiny)
+    got = _two_steps(native, tiny, ctx)
+    assert native._m == entries - 1  # every entry attended (the last token has no next)
+    set_kernel_threads(1)
+    try:
+        one = _two_steps(native, tiny, ctx)
+    finally:
+        set_kernel_threads(None)
+    for a, b in zip(one, got, strict=True):
+        np.testing.assert_array_equal(a, b)
     for b, c in zip(q8, got, strict=True):
         assert c.shape == b.shape
         # measured 0.002-0.010 with float32 activations, 0.002-0.023 with int8 ones

@@ -504,25 +504,31 @@ static inline __attribute__((always_inline)) void attend_head(
 }
 #endif
 
-/* attend_scalar's results, vectorised for head sizes 32, 64 and 128. */
+/* attend_scalar's results, vectorised for head sizes 32, 64 and 128; sc: heads x (m + 1)
+ * floats. The heads go to the threads (one head start to end on one thread, so the
+ * result does not depend on the thread count) from ATTEND_PAR entries on: at 670 entries
+ * the serial heads were a fifth of a chain's wall time, the other thread waiting. */
+#define ATTEND_PAR 128
 static void attend(const DwRdNet *net, const DwRdProposal *pr, const float *q, float *o,
-                   float *w0, float *sc) {
+                   float *w0, float *sc, int threads) {
 #if defined(__AVX512F__)
     int64_t d = net->d, nh = net->heads, dh = d / nh, m = pr->m;
     if (dh == 32 || dh == 64 || dh == 128) {
         float scale = 1.0f / sqrtf((float)dh);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && nh > 1 && m >= ATTEND_PAR)
         for (int64_t h = 0; h < nh; h++) {
             const float *qh = q + h * dh, *keys = pr->keys + h * dh, *vals = pr->vals + h * dh;
-            float *oh = o + h * dh, *w = h == 0 ? w0 : NULL;
+            float *oh = o + h * dh, *w = h == 0 ? w0 : NULL, *sh = sc + h * (m + 1);
             switch (dh) {
-            case 32: attend_head(qh, keys, vals, d, m, scale, oh, w, sc, 2); break;
-            case 64: attend_head(qh, keys, vals, d, m, scale, oh, w, sc, 4); break;
-            default: attend_head(qh, keys, vals, d, m, scale, oh, w, sc, 8); break;
+            case 32: attend_head(qh, keys, vals, d, m, scale, oh, w, sh, 2); break;
+            case 64: attend_head(qh, keys, vals, d, m, scale, oh, w, sh, 4); break;
+            default: attend_head(qh, keys, vals, d, m, scale, oh, w, sh, 8); break;
             }
         }
         return;
     }
 #endif
+    (void)threads;
     attend_scalar(net, pr, q, o, w0, sc);
 }
 
@@ -535,12 +541,13 @@ int dw_rd_step(const DwRdNet *net, const DwRdProposal *pr, const int64_t *tokens
     const int64_t c = net->c, d = net->d, kd = net->kdraft, e = pr->e, m = d ? pr->m : 0;
     const int64_t width = kd + e, c2 = 2 * c;
     /* scratch: emb (b, 2C) = [s, e] for the query, sp (b, C), q (b, D), o (b, D),
-     * w0 (b, m), sc (m + 1), z0 (b, C), x (b, 2C), t (b, 2C), z (b, C) */
-    size_t floats = (size_t)(b * (3 * c2 + 3 * c + 2 * d + m) + m + 1);
+     * w0 (b, m), sc (heads, m + 1), z0 (b, C), x (b, 2C), t (b, 2C), z (b, C) */
+    const int64_t nsc = (d ? net->heads : 1) * (m + 1);
+    size_t floats = (size_t)(b * (3 * c2 + 3 * c + 2 * d + m) + nsc);
     float *buf = (float *)malloc(sizeof(float) * floats);
     if (buf == NULL) return 1;
     float *se = buf, *sp = se + b * c2, *q = sp + b * c, *o = q + b * d, *w0 = o + b * d;
-    float *sc = w0 + b * m, *z0 = sc + m + 1, *x = z0 + b * c, *t = x + b * c2;
+    float *sc = w0 + b * m, *z0 = sc + nsc, *x = z0 + b * c, *t = x + b * c2;
     float *z = t + b * c2;
 
     /* the cell: se[r] = [s, e] (s filled below) */
@@ -563,7 +570,7 @@ int dw_rd_step(const DwRdNet *net, const DwRdProposal *pr, const int64_t *tokens
         i8_mv(&net->q_se, se, c2, b, q, d, threads);
         for (int64_t r = 0; r < b; r++) {
             for (int64_t i = 0; i < d; i++) q[r * d + i] += pr->hq[i];
-            if (m) attend(net, pr, q + r * d, o + r * d, w0 + r * m, sc);
+            if (m) attend(net, pr, q + r * d, o + r * d, w0 + r * m, sc, threads);
             else for (int64_t i = 0; i < d; i++) o[r * d + i] = 0.0f;
         }
         i8_mv(&net->wo, o, d, b, t, c, threads);
