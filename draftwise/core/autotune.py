@@ -133,7 +133,9 @@ SMALL_TREE = 4
 # corpus prompts: accepted 0.14-0.19 of the time at 0.1-0.3, 0.92-0.99 at 0.9-1.0) pays
 # for its verify row and the chain step that drafted it at the solo way's measured
 # tokens per ms (``AutoDrafter._solo_floor``); a chain step costs CHAIN_STEP x a plain
-# step (0.10-0.13 ms against 2.6-2.9 on the AMD EPYC Zen 5 VM)
+# step (0.10-0.13 ms against 2.6-2.9 on the AMD EPYC Zen 5 VM; 0.05-0.06 ms since the chain's
+# vpdpbusd products and threaded context attention, where 0.025 measured the same as 0.04:
+# 393-419 against 391-426 tok/s, 26 Spec-Bench prompts, three alternations)
 SOLO_T = 3
 SOLO_STEEP = 1.05
 CHAIN_STEP = 0.04
