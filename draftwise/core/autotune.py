@@ -203,15 +203,22 @@ class AutoDrafter:
         # by measured tokens per ms of whole steps (``core.step_rates``)
         self._sampling = False  # the decoder's path (plan_for): solo chains are greedy's
         self._solo = next((i for i in self._prob_sources if i in self._beams), None)
-        # when sampling, a third way: ``plain`` (no draft at all). A drafted token is then
-        # accepted with the target's probability of it (0.2-0.3 on Spec-Bench at T = 0.8),
-        # and on a steep curve neither way paid for itself: seeded Spec-Bench, AMD EPYC
-        # Zen 5, `auto` 0.93x `none` (full 0.89x, solo 0.95-0.99x on 13 prompts)
+        # when sampling, ``plain`` (no draft at all) instead of ``full``. A drafted token is
+        # then accepted with the target's probability of it (0.2-0.3 on Spec-Bench at
+        # T = 0.8), so the full way's copied spans rarely go on, and on a steep curve it
+        # paid for itself nowhere: seeded Spec-Bench, AMD EPYC Zen 5, `auto` 0.93x `none`
+        # (full 0.89x, solo 0.95-0.99x on 13 prompts); with full, solo and plain timed,
+        # 0.94-1.07x (0.99x on average), with solo and plain 0.98-1.12x (1.04x), three
+        # alternations of 26 prompts, where `redrafter:bw=1,t=1` gave 1.02-1.15x (1.07x);
+        # in `draftwise bench` (42 turns) 0.98x with three ways, 0.97x and 0.99x with two.
+        # Choosing solo or plain from the model instead ((1 + solo's acceptance) / (two
+        # rows + drafting) against one over one row) measured 0.97x against 1.00x.
+        # (Where the curve is not steep, a GPU's, every step takes the full way.)
         self._greedy_rates: StepRates | None = None
         self._sampling_rates: StepRates | None = None
         if self._solo is not None:
             self._greedy_rates = StepRates(("full", "solo"), EXPLORE_EVERY)
-            self._sampling_rates = StepRates(("full", "solo", "plain"), EXPLORE_EVERY)
+            self._sampling_rates = StepRates(("solo", "plain"), EXPLORE_EVERY)
         self.rates = self._greedy_rates
         self.way = "full"  # the way of the last proposal
         self.solo_steps = 0
@@ -259,7 +266,8 @@ class AutoDrafter:
         cap = min(budget, self.max_budget)
         if self.rates is not None:
             now = time.perf_counter()
-            if self._step_start is not None and self._emitted is not None:
+            if (self._step_start is not None and self._emitted is not None
+                    and self.way in self.rates.ways):  # (full when not steep: not timed)
                 self.rates.observe(self.way, self._emitted, (now - self._step_start) * 1e3)
             burst = self.way == "full" and (self._emitted or 0) >= BURST
             self._step_start, self._emitted = now, None
