@@ -11,10 +11,10 @@ ids, the mixture); ``dw_rd_chain`` runs a whole one-beam draft (``ReDrafter`` at
 the torch step rounds them; activations are float32 (the torch step rounds them to
 bfloat16) or, where the CPU has ``avx512_vnni``, int8 with one scale per group of 4
 inputs, multiplied by ``vpdpbusd`` (``csrc/redrafter.c``), so the drafts can differ from
-the torch step's at near-ties; the output never does (the target verifies every token). ``tests/backends/cuda/redrafter`` checks both
-give the same draft distributions within the weights' rounding and the same drafts on
-the real model. The weights come cold (the target's forward evicts them): each output
-group prefetches the next ones.
+the torch step's at near-ties; the output never does (the target verifies every token).
+``tests/backends/cuda/redrafter`` checks both give the same draft distributions within
+the weights' rounding and the same drafts on the real model. The weights come cold (the
+target's forward evicts them): each output group prefetches the next ones.
 
 Measured in a live decode (default model, 4bit mode, 6 corpus prompts x 128 tokens,
 ``redrafter:bw=1,t=3``, AMD EPYC Zen 5, 2 threads; medians): a beam step 0.13 ms
@@ -22,9 +22,11 @@ Measured in a live decode (default model, 4bit mode, 6 corpus prompts x 128 toke
 ``chain`` (0.75 through ``step``; torch: 2.1), 406-436 tok/s (torch: 300). Later (the
 entries' scores, the extra ids' dot products, maxima, sums and SiLU vectorised; 13
 Spec-Bench prompts, ``redrafter:bw=1,t=1``, same CPU): a one-token chain 0.17 -> 0.12 ms
-(median), 0.41-0.43 -> 0.23 ms at 400-1,600 context entries. With ``vpdpbusd`` (AMD EPYC Zen 5, 2 threads): a
-three-token chain 0.15-0.16 ms against 0.22-0.24 with float32 products (warm, a short
-prompt), drafting 0.30-0.41 ms a step against 0.36-0.47 in Spec-Bench runs.
+(median), 0.41-0.43 -> 0.23 ms at 400-1,600 context entries. With ``vpdpbusd`` (AMD
+EPYC Zen 5, 2 threads): a three-token chain 0.15-0.16 ms against 0.22-0.24 with float32
+products (warm, a short prompt); with the context attention's heads on the threads too,
+``redrafter:bw=1,t=3`` drafted 0.37-0.39 ms a step in Spec-Bench against 0.46-0.51
+(``bench/results/specbench-4bit-rdvnni``).
 
 Example::
 
