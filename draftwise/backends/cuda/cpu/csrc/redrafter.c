@@ -291,23 +291,17 @@ static void i8_mv(const DwI8 *L, const float *x, int64_t ldx, int64_t b, float *
                   int64_t ldy, int threads) {
     int64_t groups = L->n / 4;
     int par = threads > 1 && L->n * L->k * (b < 4 ? b : 4) >= (1 << 17);
+    int8_t *xq = NULL; /* the quantised rows where the vpdpbusd products run, else NULL */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    float *dx = NULL, *qoff = NULL;
     if (rd_vnni && L->wu != NULL && L->k % QB == 0) {
-        /* xq (b, k) int8, dx (b, k / 4), qoff (b,): the float parts start 64-aligned */
-        int8_t *xq = (int8_t *)malloc((size_t)(b * L->k) + sizeof(float) * (size_t)(b * (L->k / 4) + b));
+        /* xq (b, k) int8, dx (b, k / 4), qoff (b,): the float parts start 64-aligned (no
+         * memory: the float32 products) */
+        xq = (int8_t *)malloc((size_t)(b * L->k) + sizeof(float) * (size_t)(b * (L->k / 4) + b));
         if (xq != NULL) {
-            float *dx = (float *)(xq + b * L->k), *qoff = dx + b * (L->k / 4);
+            dx = (float *)(xq + b * L->k);
+            qoff = dx + b * (L->k / 4);
             quant_rows(x, ldx, b, L->k, xq, dx, qoff);
-#pragma omp parallel for schedule(static) num_threads(threads) if (par)
-            for (int64_t g = 0; g < groups; g++) {
-                int64_t n0 = 4 * g;
-                for (int64_t r0 = 0; r0 < b; r0 += 4) {
-                    int rb = (int)(b - r0 < 4 ? b - r0 : 4);
-                    switch (rb) { QCASE(1) QCASE(2) QCASE(3) QCASE(4) }
-                }
-            }
-            free(xq);
-            return;
         }
     }
 #endif
@@ -316,9 +310,16 @@ static void i8_mv(const DwI8 *L, const float *x, int64_t ldx, int64_t b, float *
         int64_t n0 = 4 * g;
         for (int64_t r0 = 0; r0 < b; r0 += 4) {
             int rb = (int)(b - r0 < 4 ? b - r0 : 4);
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+            if (xq != NULL) {
+                switch (rb) { QCASE(1) QCASE(2) QCASE(3) QCASE(4) }
+                continue;
+            }
+#endif
             switch (rb) { DCASE(1) DCASE(2) DCASE(3) DCASE(4) }
         }
     }
+    free(xq);
 }
 
 /* Dot products, sums and maxima in VL lanes (a fixed order for a given n): the scalar
