@@ -9,8 +9,11 @@ kernel with bfloat16 activations where it cannot build), batch-invariant (``int4
 Measured on this project's 2-core CPU (AMD EPYC, avx512_bf16, torch 2.13;
 ms per verify at context 256, ``draftwise tune --modes``, ``bench/results/modes-cpu``):
 1 row float32 34.3, bfloat16-invariant 22.4, 4bit-invariant 12.5; 16 rows 70.7 / 42.1 /
-36.8. So a CPU with bf16 dot-product instructions (``avx512_bf16``, ``amx_bf16``) defaults
-to 4bit for a Q4 GGUF's model and to bfloat16 (invariant) for any other; other CPUs, and
+36.8. On an AVX2-only AMD EPYC Zen 3 (2026-11-27), with the compiled kernel's AVX2 path:
+1 row float32 36.5, 4bit-invariant 11.0 (the torch int4 kernel: 28.6). So a CPU with the
+compiled 4-bit kernel (AVX-512 VNNI, or AVX2 with FMA) or bf16 dot-product instructions
+(``avx512_bf16``, ``amx_bf16``) defaults to 4bit for a Q4 GGUF's model; for any other
+model a CPU with bf16 instructions defaults to bfloat16 (invariant), other CPUs, and
 CUDA, to float32 (on a CPU with AVX2 and FMA its matmuls are the compiled, row-invariant
 ``csrc/f32.c``: ``f32.py``). 4bit is never a default for a model that is not a Q4 GGUF's: there it
 would round the weights, a different model. ``draftwise tune --modes`` measures the
@@ -58,12 +61,23 @@ def lossless_modes(model_dir: Path | None, device: torch.device) -> tuple[tuple[
     return LOSSLESS_MODES + extra
 
 
+def native_4bit() -> bool:
+    """Whether the compiled 4-bit kernel (``csrc/int4.c``: AVX-512 VNNI, or AVX2) runs here."""
+    from draftwise.backends.cuda.cpu import native
+
+    return native.int4_lib() is not None
+
+
 def default_dtype(device: torch.device, model_dir: Path | None = None) -> str:
-    """On a CPU with bf16 dot-product instructions: ``4bit`` for a model converted from a
-    Q4 GGUF (its own weights, a quarter of the bytes), else bfloat16; elsewhere float32."""
-    if device.type == "cpu" and cpu_flags() & set(BF16_CPU_FLAGS):
-        return "4bit" if exact_4bit(model_dir, device) else "bfloat16"
-    return "float32"
+    """On a CPU: ``4bit`` for a model converted from a Q4 GGUF (its own weights, a quarter
+    of the bytes) where the compiled 4-bit kernel or bf16 dot-product instructions are;
+    else bfloat16 with those instructions, float32 without. Elsewhere float32."""
+    if device.type != "cpu":
+        return "float32"
+    bf16 = bool(cpu_flags() & set(BF16_CPU_FLAGS))
+    if (bf16 or native_4bit()) and exact_4bit(model_dir, device):
+        return "4bit"
+    return "bfloat16" if bf16 else "float32"
 
 
 def mode_key(device: torch.device | None = None) -> str:

@@ -24,6 +24,21 @@ def test_default_dtype_follows_the_bf16_flags(monkeypatch):
     assert modes.default_dtype(cpu) == "float32"
 
 
+def test_the_compiled_4bit_kernel_makes_4bit_the_default_for_a_gguf_model(monkeypatch, default_model_dir):
+    """Without bf16 instructions (an AVX2-only CPU) the compiled kernel's AVX2 path still
+    makes the Q4 GGUF's own codes the fastest lossless mode; without it, float32."""
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(modes, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(modes, "exact_4bit", lambda model_dir, device: True)
+    monkeypatch.setattr(modes, "native_4bit", lambda: True)
+    assert modes.default_dtype(cpu, default_model_dir) == "4bit"
+    monkeypatch.setattr(modes, "native_4bit", lambda: False)
+    assert modes.default_dtype(cpu, default_model_dir) == "float32"
+    monkeypatch.setattr(modes, "exact_4bit", lambda model_dir, device: False)
+    monkeypatch.setattr(modes, "native_4bit", lambda: True)
+    assert modes.default_dtype(cpu, default_model_dir) == "float32"  # not a Q4 GGUF's model
+
+
 def test_pick_mode_takes_the_cheaper_plain_step_plus_tree():
     ms = {"float32": {1: 30.0, 8: 90.0}, "bfloat16-invariant": {1: 35.0, 8: 45.0}}
     assert modes.pick_mode(ms) == "bfloat16-invariant"

@@ -8,9 +8,9 @@ call per layer instead of the ~45 torch ops of ``invariant.block_attention``. Me
 this project's CPU: see ``tests/backends/cuda/test_native.py`` and the README.
 
 ``csrc/int4.c`` multiplies 4-bit weights by int8-quantised activations (per row and block
-of 32) with avx512_vnni dot products, each output element start to end in one thread:
-row-invariant too (see ``int4.py``); on a CPU without avx512_bf16 and avx512_vnni it
-reports itself unavailable
+of 32) with avx512_vnni dot products, or AVX2's ``vpmaddubsw`` where AVX-512 VNNI is
+missing (the same bits), each output element start to end in one thread: row-invariant
+too (see ``int4.py``); on a CPU with neither it reports itself unavailable
 (``int4_lib()`` is None) and the 4bit mode keeps torch's kernel.
 
 ``csrc/f32.c`` multiplies float32 activations by a packed float32 weight with AVX2 FMAs,
@@ -224,7 +224,7 @@ def attention_lib() -> ctypes.CDLL | None:
 
 def int4_lib() -> ctypes.CDLL | None:
     """The compiled 4-bit matmul, or None (no compiler, ``DRAFTWISE_NATIVE=0``, or a CPU
-    without avx512_bf16 and avx512_vnni)."""
+    with neither AVX-512 VNNI and BF16 nor AVX2, FMA and F16C)."""
     lib = attention_lib()
     return lib if lib is not None and lib.dw_int4_ok() == 1 else None
 

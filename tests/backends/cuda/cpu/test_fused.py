@@ -18,7 +18,7 @@ from draftwise.core.tree import DraftTree  # noqa: E402
 from tests.backends.cuda.test_torch_backend import _save_tiny  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    native.int4_lib() is None, reason="no compiled int4 kernel (C compiler, avx512_bf16 and avx512_vnni)"
+    native.int4_lib() is None, reason="no compiled int4 kernel (C compiler, AVX-512 VNNI or AVX2 and FMA)"
 )
 
 

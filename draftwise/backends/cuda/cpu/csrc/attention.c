@@ -381,6 +381,117 @@ static int head_rows_vec(const float *qh, int64_t ld, const void *K, const void 
     switch (d / 16) { NV_CASE(4) NV_CASE(5) NV_CASE(6) NV_CASE(8) }
     return 0;
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include "vec.h"
+
+/* The AVX2 path (no AVX-512: the AMD EPYC Zen 1-3, Intel client CPUs), one (row, head)
+ * per task, its arithmetic fixed by that row's own key list alone:
+ * - a key's score: 2 NV 8-lane vectors of q k products (multiply, then fused
+ *   multiply-adds in order), its 8 lanes summed in dw_hsum8's order, 8 keys at a time
+ *   with dw_sum8x8 (the same additions) while a whole 8 fit, then one by one;
+ * - softmax: dw_exp8 of the scores less their maximum, summed in 8 lanes in increasing
+ *   position, then dw_hsum8;
+ * - p @ V: one accumulator per output element, keys in increasing position.
+ * A bfloat16 cache is widened exactly, 16 elements at a time in pair order (even
+ * elements: one shift, odd ones: one mask; the query is read in the same order, and the
+ * output put back in order once). Head size 16 NV, NV a compile-time constant. */
+static inline __attribute__((always_inline)) void kv_vecs8(const void *base, int64_t i,
+                                                           const int NV, const int BF,
+                                                           __m256 *out) {
+    for (int c = 0; c < NV; c++) {
+        if (BF) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i + 16 * c));
+            out[2 * c] = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+            out[2 * c + 1] = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u)));
+        } else {
+            out[2 * c] = _mm256_loadu_ps((const float *)base + i + 16 * c);
+            out[2 * c + 1] = _mm256_loadu_ps((const float *)base + i + 16 * c + 8);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) __m256 key_score8(const __m256 *qv, const void *K,
+                                                              int64_t k, const int NV,
+                                                              const int BF) {
+    __m256 kx[16];
+    kv_vecs8(K, k, NV, BF, kx);
+    __m256 a = _mm256_mul_ps(qv[0], kx[0]);
+    for (int v = 1; v < 2 * NV; v++) a = _mm256_fmadd_ps(qv[v], kx[v], a);
+    return a;
+}
+
+static inline __attribute__((always_inline)) void row_head8(
+    const float *qv, const void *K, const void *V, int64_t committed, const int64_t *ex,
+    int64_t n_extra, float *s, float *o, const int NV, const int BF) {
+    const int d = 16 * NV;
+    int64_t len = committed + n_extra, j = 0;
+    __m256 qq[16];
+    if (BF) /* the query in the keys' pair order */
+        for (int c = 0; c < NV; c++) {
+            __m256 a = _mm256_loadu_ps(qv + 16 * c), b = _mm256_loadu_ps(qv + 16 * c + 8);
+            __m256 ev = _mm256_shuffle_ps(a, b, 0x88), od = _mm256_shuffle_ps(a, b, 0xDD);
+            qq[2 * c] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(ev), 0xD8));
+            qq[2 * c + 1] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(od), 0xD8));
+        }
+    else
+        for (int v = 0; v < 2 * NV; v++) qq[v] = _mm256_loadu_ps(qv + 8 * v);
+    for (; j + 8 <= len; j += 8) {
+        __m256 a[8];
+        for (int u = 0; u < 8; u++) {
+            int64_t jj = j + u;
+            a[u] = key_score8(qq, K, (jj < committed ? jj : ex[jj - committed]) * d, NV, BF);
+        }
+        _mm256_storeu_ps(s + j, dw_sum8x8(a));
+    }
+    for (; j < len; j++)
+        s[j] = dw_hsum8(key_score8(qq, K, (j < committed ? j : ex[j - committed]) * d, NV, BF));
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (j = 0; j + 8 <= len; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
+    float m = -INFINITY;
+    for (; j < len; j++) m = s[j] > m ? s[j] : m;
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    m = _mm_cvtss_f32(m4) > m ? _mm_cvtss_f32(m4) : m;
+    const __m256 mm = _mm256_set1_ps(m);
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 sum = _mm256_setzero_ps();
+    for (j = 0; j < len; j += 8) { /* s has room for 8 past len: the tail's lanes become 0 */
+        __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(len - j)), iota));
+        __m256 e8 = _mm256_and_ps(dw_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mm)), keep);
+        _mm256_storeu_ps(s + j, e8);
+        sum = _mm256_add_ps(sum, e8);
+    }
+    __m256 acc[16];
+    for (int v = 0; v < 2 * NV; v++) acc[v] = _mm256_setzero_ps();
+    for (j = 0; j < len; j++) {
+        __m256 p = _mm256_set1_ps(s[j]), vx[16];
+        kv_vecs8(V, (j < committed ? j : ex[j - committed]) * d, NV, BF, vx);
+        for (int v = 0; v < 2 * NV; v++) acc[v] = _mm256_fmadd_ps(p, vx[v], acc[v]);
+    }
+    __m256 inv = _mm256_set1_ps(1.0f / dw_hsum8(sum));
+    for (int c = 0; c < NV; c++) {
+        __m256 a = _mm256_mul_ps(acc[2 * c], inv), b = _mm256_mul_ps(acc[2 * c + 1], inv);
+        if (BF) { /* pair order back to element order */
+            __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
+            a = _mm256_permute2f128_ps(lo, hi, 0x20);
+            b = _mm256_permute2f128_ps(lo, hi, 0x31);
+        }
+        _mm256_storeu_ps(o + 16 * c, a);
+        _mm256_storeu_ps(o + 16 * c + 8, b);
+    }
+}
+
+#define NV8_CASE(n) case n: \
+    if (bf) row_head8(qv, K, V, committed, ex, n_extra, s, o, n, 1); \
+    else row_head8(qv, K, V, committed, ex, n_extra, s, o, n, 0); \
+    return;
+/* Head sizes 64, 80, 96 and 128 (dw_attention_kv checks). */
+static void row_head_avx2(const float *qv, const void *K, const void *V, int64_t committed,
+                          const int64_t *ex, int64_t n_extra, int d, float *s, float *o,
+                          int bf) {
+    switch (d / 16) { NV8_CASE(4) NV8_CASE(5) NV8_CASE(6) NV8_CASE(8) }
+}
 #endif
 
 /* 1 when this build scores a bfloat16 cache with vdpbf16ps (the query rounded to
@@ -425,6 +536,29 @@ int dw_attention_kv(const float *q, const void *cache, int kv_bf16, int64_t tmax
             }
             free(s);
             free(accs);
+        }
+        return failed;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    if (d == 64 || d == 80 || d == 96 || d == 128) { /* (row, head) tasks, head by head */
+        int64_t total = (int64_t)t * h;
+#pragma omp parallel num_threads(threads) if (threads > 1 && total > 1)
+        {
+            float *s = (float *)malloc(sizeof(float) * (size_t)(committed + most + 16));
+            if (s == NULL) {
+#pragma omp atomic write
+                failed = 1;
+            }
+#pragma omp for schedule(static)
+            for (int64_t th = 0; th < total; th++) {
+                if (s == NULL) continue;
+                int i = (int)(th % t), hh = (int)(th / t), g = hh / rep;
+                const char *K = (const char *)cache + (size_t)g * tmax * d * elem;
+                const char *V = (const char *)cache + (size_t)(hkv + g) * tmax * d * elem;
+                row_head_avx2(q + ((int64_t)i * h + hh) * d, K, V, committed, extra + (int64_t)i * e,
+                              n_extra[i], d, s, out + ((int64_t)i * h + hh) * d, bf);
+            }
+            free(s);
         }
         return failed;
     }

@@ -98,8 +98,24 @@ static void swiglu(const uint16_t *gu, int f, uint16_t *out) {
         __m512 y = _mm512_mul_ps(_mm512_mul_ps(g, sig), u);
         _mm256_storeu_si256((__m256i *)(out + j), dw_to_bf16_16(y));
     }
+#elif defined(__AVX2__) && defined(__FMA__)
+    /* the same arithmetic on 8 lanes */
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; j + 8 <= f; j += 8) {
+        __m256 g = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(gu + j))), 16));
+        __m256 u = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(gu + f + j))), 16));
+        __m256 ag = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), g);
+        __m256 e = dw_exp8(_mm256_sub_ps(_mm256_setzero_ps(), ag));
+        __m256 inv = _mm256_div_ps(one, _mm256_add_ps(one, e));
+        __m256 neg = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+        __m256 sig = _mm256_blendv_ps(inv, _mm256_mul_ps(inv, e), neg); /* g < 0: e / (1 + e) */
+        __m256 y = _mm256_mul_ps(_mm256_mul_ps(g, sig), u);
+        _mm_storeu_si128((__m128i *)(out + j), dw_to_bf16_8(y));
+    }
 #endif
-    for (; j < f; j++) { /* the tail, and CPUs without AVX-512 */
+    for (; j < f; j++) { /* the tail, and CPUs without AVX2 */
         float g = from_bf16(gu[j]), u = from_bf16(gu[f + j]);
         float e = expf(-fabsf(g)), inv = 1.0f / (1.0f + e);
         float sig = g < 0.0f ? inv * e : inv;
