@@ -32,16 +32,16 @@ def _native_or_skip(net, backend, extend=False):  # type: ignore[no-untyped-def]
     return NativeRecurrentStep(net, backend, extend=extend)
 
 
-@pytest.fixture(params=[False, True], ids=["float32", "vnni"])
+@pytest.fixture(params=[False, True], ids=["float32", "int8"])
 def products(request):  # type: ignore[no-untyped-def]
-    """The compiled step's int8 products: float32 (every CPU the step runs on) or, where
-    the CPU has avx512_vnni, vpdpbusd on activations quantised to int8 per group of 4
-    inputs (the default there); the default is restored afterwards."""
+    """The compiled step's products of the int8 weights: float32 activations, or (the
+    default) activations quantised to int8 per group of 4 inputs, multiplied with
+    vpdpbusd (avx512_vnni) or vpmaddubsw (AVX2); the default is restored afterwards."""
     lib = redrafter_lib()
     if lib is None:
         pytest.skip("the compiled ReDrafter step is not available here")
-    if request.param and lib.dw_rd_vnni() != 1:
-        pytest.skip("this CPU (or build) has no avx512_vnni: the float32 products only")
+    if request.param and lib.dw_rd_vnni() not in (1, 2):
+        pytest.skip("this build has no int8 products: the float32 ones only")
     lib.dw_rd_use_vnni(int(request.param))
     yield request.param
     lib.dw_rd_use_vnni(1)
@@ -87,9 +87,9 @@ def test_native_step_equals_the_torch_step(tiny, context_dim, extend, products):
 def test_native_context_attention_over_many_entries(tiny, context_dim, entries, products):  # type: ignore[no-untyped-def]
     """The compiled context attention in 16 lanes (head sizes 32 and 128 here, 64 in the
     shipped network): over 60 context entries (three blocks of 16 and a tail) and over
-    200 (from 128 on, the heads go to the threads) its distributions are the int8 torch
-    step's up to the activations' rounding (bfloat16 there; float32, or int8 in groups of
-    4 with vpdpbusd, here), and the same bits on one thread as on two."""
+    200 (from 128 on, the heads go to the threads) its distributions are the float32
+    network's within twice the int8 torch step's own error (its activations bfloat16;
+    here float32, or int8 in groups of 4), and the same bits on one thread as on two."""
     net = _net(tiny, context_dim, noise=0.2)
     rng = np.random.default_rng(context_dim)
     ctx = np.concatenate([[3], rng.integers(2, 97, entries)]).astype(np.int64)
@@ -104,10 +104,15 @@ def test_native_context_attention_over_many_entries(tiny, context_dim, entries, 
         set_kernel_threads(None)
     for a, b in zip(one, got, strict=True):
         np.testing.assert_array_equal(a, b)
-    for b, c in zip(q8, got, strict=True):
+    dense = _two_steps(TorchRecurrentStep(net, tiny), tiny, ctx)  # the float32 network
+    for b, c, f in zip(q8, got, dense, strict=True):
         assert c.shape == b.shape
-        # measured 0.0007-0.010 with float32 activations, 0.0008-0.023 with int8 ones
-        assert np.abs(np.exp(b) - np.exp(c)).max() < (0.04 if products else 0.02)
+        # within twice the int8 torch step's own error of the float32 network (+ 0.005):
+        # measured native 0.0014-0.018 (float32 activations), 0.0029-0.034 (int8) against
+        # the torch step's 0.0019-0.022 (AMD EPYC Zen 3, AVX2); a fixed bound on native
+        # against the torch step (0.02) failed there at 0.024 with float32 activations
+        own = np.abs(np.exp(b) - np.exp(f)).max()
+        assert np.abs(np.exp(c) - np.exp(f)).max() < 2 * own + 0.005
 
 
 @needs_native
