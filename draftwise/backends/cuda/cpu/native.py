@@ -275,7 +275,9 @@ def native_f32_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> to
 
 def argmax_lib() -> ctypes.CDLL | None:
     """The compiled row argmax (``csrc/argmax.c``), or None: no compiler,
-    ``DRAFTWISE_NATIVE=0``, or a CPU without AVX-512 (there torch's is as fast)."""
+    ``DRAFTWISE_NATIVE=0``, or a CPU without AVX-512 or AVX2. (On an AMD EPYC Zen 3, AVX2:
+    23 / 61 / 101 us for 1 / 4 / 8 rows of 49,152 bfloat16 logits, torch's copy and argmax
+    142 / 295 / 540.)"""
     lib = attention_lib()
     return lib if lib is not None and lib.dw_argmax_ok() == 1 else None
 
@@ -304,7 +306,8 @@ def native_argmax(lib: ctypes.CDLL, logits: torch.Tensor) -> np.ndarray:
 
 def sample_lib() -> ctypes.CDLL | None:
     """The compiled sampler (``csrc/sample.c``), or None: no compiler,
-    ``DRAFTWISE_NATIVE=0``, or a CPU without AVX-512 (there numpy samples)."""
+    ``DRAFTWISE_NATIVE=0``, or a CPU with neither AVX-512 nor AVX2 and FMA (there numpy
+    samples)."""
     lib = attention_lib()
     return lib if lib is not None and lib.dw_sample_ok() == 1 else None
 

@@ -17,7 +17,7 @@ from draftwise.core.tree import DraftTree  # noqa: E402
 def lib():
     found = native.argmax_lib()
     if found is None:
-        pytest.skip("no compiled argmax here (no C compiler or no AVX-512): torch's is used")
+        pytest.skip("no compiled argmax here (no C compiler, or neither AVX-512 nor AVX2): torch's is used")
     return found
 
 

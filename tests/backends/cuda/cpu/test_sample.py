@@ -19,7 +19,7 @@ from draftwise.core.sampling import SamplingParams, next_token  # noqa: E402
 def lib():
     found = native.sample_lib()
     if found is None:
-        pytest.skip("no compiled sampler here (no C compiler or no AVX-512): numpy samples")
+        pytest.skip("no compiled sampler here (no C compiler, or neither AVX-512 nor AVX2 and FMA): numpy samples")
     return found
 
 

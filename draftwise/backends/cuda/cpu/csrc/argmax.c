@@ -9,12 +9,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 int dw_argmax_ok(void) {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
     return 1;
 #else
     return 0;
@@ -67,6 +67,35 @@ static int64_t row_argmax(const void *x, int bf16, int64_t n) {
         __mmask16 top = _mm512_cmp_ps_mask(best, _mm512_set1_ps(m), _CMP_EQ_OQ);
         __m512i big = _mm512_set1_epi32(INT32_MAX);
         int64_t first = _mm512_reduce_min_epi32(_mm512_mask_mov_epi32(big, top, bidx));
+        return scan(x, bf16, i, n, m, first);
+    }
+#elif defined(__AVX2__)
+    if (n >= 8) { /* the same on 8 lanes */
+        __m256 best = _mm256_set1_ps(-__builtin_inff());
+        __m256i bidx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        __m256i idx = bidx;
+        const __m256i step = _mm256_set1_epi32(8);
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
+                                  _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i))), 16))
+                            : _mm256_loadu_ps((const float *)x + i);
+            int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            if (nan) return i + __builtin_ctz((unsigned)nan);
+            __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+            best = _mm256_blendv_ps(best, v, gt);
+            bidx = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(bidx), _mm256_castsi256_ps(idx), gt));
+            idx = _mm256_add_epi32(idx, step);
+        }
+        float bv[8];
+        int32_t bi[8];
+        _mm256_storeu_ps(bv, best);
+        _mm256_storeu_si256((__m256i *)bi, bidx);
+        float m = bv[0];
+        for (int l = 1; l < 8; l++) m = bv[l] > m ? bv[l] : m;
+        int64_t first = INT32_MAX;
+        for (int l = 0; l < 8; l++)
+            if (bv[l] == m && bi[l] < first) first = bi[l];
         return scan(x, bf16, i, n, m, first);
     }
 #endif
