@@ -24,9 +24,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=BACKENDS, help="compute backend (default: auto)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "4bit", "8bit"],
                    help="weights/compute dtype (default: the device's fastest lossless mode: torch on a CPU "
-                   "with bf16 instructions takes 4bit for a model from a Q4 GGUF (the file's own 4-bit "
-                   "weights, as the embedded model) and bfloat16 otherwise, both with --invariant; "
-                   "float32 elsewhere; mlx its own; see draftwise tune --modes)")
+                   "with the compiled 4-bit kernel (AVX2 or AVX-512 VNNI) or bf16 instructions takes 4bit "
+                   "for a model from a Q4 GGUF (the file's own 4-bit weights, as the embedded model); "
+                   "otherwise bfloat16 with bf16 instructions (both with --invariant), float32 "
+                   "elsewhere; mlx its own; see draftwise tune --modes)")
     p.add_argument("--invariant", default="auto", action=argparse.BooleanOptionalAction,
                    help="batch-invariant verification: speculative output bit-equal to plain "
                         "decoding in low precision (default: on for torch bf16 and 4bit on CPU)")
