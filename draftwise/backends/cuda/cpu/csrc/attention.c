@@ -539,29 +539,13 @@ int dw_attention_kv(const float *q, const void *cache, int kv_bf16, int64_t tmax
         }
         return failed;
     }
-#elif defined(__AVX2__) && defined(__FMA__)
-    if (d == 64 || d == 80 || d == 96 || d == 128) { /* (row, head) tasks, head by head */
-        int64_t total = (int64_t)t * h;
-#pragma omp parallel num_threads(threads) if (threads > 1 && total > 1)
-        {
-            float *s = (float *)malloc(sizeof(float) * (size_t)(committed + most + 16));
-            if (s == NULL) {
-#pragma omp atomic write
-                failed = 1;
-            }
-#pragma omp for schedule(static)
-            for (int64_t th = 0; th < total; th++) {
-                if (s == NULL) continue;
-                int i = (int)(th % t), hh = (int)(th / t), g = hh / rep;
-                const char *K = (const char *)cache + (size_t)g * tmax * d * elem;
-                const char *V = (const char *)cache + (size_t)(hkv + g) * tmax * d * elem;
-                row_head_avx2(q + ((int64_t)i * h + hh) * d, K, V, committed, extra + (int64_t)i * e,
-                              n_extra[i], d, s, out + ((int64_t)i * h + hh) * d, bf);
-            }
-            free(s);
-        }
-        return failed;
-    }
+#endif
+    /* (row, head) tasks, head by head: the AVX2 path's for head sizes 64, 80, 96 and 128,
+     * else the plain loops */
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+    const int vec = d == 64 || d == 80 || d == 96 || d == 128;
+#else
+    const int vec = 0;
 #endif
     int64_t total = (int64_t)t * h;
 #pragma omp parallel num_threads(threads) if (threads > 1 && total > 1)
@@ -574,11 +558,18 @@ int dw_attention_kv(const float *q, const void *cache, int kv_bf16, int64_t tmax
 #pragma omp for schedule(static)
         for (int64_t th = 0; th < total; th++) {
             if (s == NULL) continue;
-            int i = (int)(th / h), hh = (int)(th % h), g = hh / rep;
+            int i = (int)(th % t), hh = (int)(th / t), g = hh / rep;
             const char *K = (const char *)cache + (size_t)g * tmax * d * elem;
             const char *V = (const char *)cache + (size_t)(hkv + g) * tmax * d * elem;
-            one_row_head(q + th * d, K, V, committed, extra + (int64_t)i * e, n_extra[i], d, s,
-                         out + th * d, bf);
+            const float *qv = q + ((int64_t)i * h + hh) * d;
+            float *ov = out + ((int64_t)i * h + hh) * d;
+            if (vec) {
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+                row_head_avx2(qv, K, V, committed, extra + (int64_t)i * e, n_extra[i], d, s, ov, bf);
+                continue;
+#endif
+            }
+            one_row_head(qv, K, V, committed, extra + (int64_t)i * e, n_extra[i], d, s, ov, bf);
         }
         free(s);
     }
