@@ -27,10 +27,12 @@ ROOT = Path(__file__).resolve().parents[4]
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this is the parent run")
-def test_the_kernels_under_the_interpreter():
+def test_the_kernels_under_the_interpreter(request):
     """Runs this file again with the interpreter on (a child process: Triton reads the
-    switch at import). Its failures show here."""
+    switch at import), with this run's ``-m`` (the default run leaves the ``full``
+    duplicates out). Its failures show here."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "DRAFTWISE_F32_KERNEL": "0"}
+    marks = request.config.getoption("markexpr")
     done = subprocess.run(
         [
             sys.executable,
@@ -40,6 +42,7 @@ def test_the_kernels_under_the_interpreter():
             "-x",
             "-p",
             "no:cacheprovider",
+            *(["-m", marks] if marks else []),
             str(Path(__file__).relative_to(ROOT)),
         ],
         cwd=ROOT,
@@ -52,7 +55,7 @@ def test_the_kernels_under_the_interpreter():
     last = done.stdout.strip().splitlines()[-1]
     assert " passed" in last and ("skipped" not in last or "1 skipped" in last), (
         last
-    )  # only the parent
+    )  # only the parent (the deselected duplicates are not "skipped")
 
 
 inner = pytest.mark.skipif(not INTERPRETED, reason="runs in the child process (TRITON_INTERPRET=1)")
