@@ -43,4 +43,4 @@ select=(-m "not full")
 [ "$mode" = full ] && select=()
 # the package layering (.importlinter): core numpy-only, rooms layered, no cycles
 .venv/bin/lint-imports
-exec .venv/bin/python -m pytest -q --durations=20 ${select[@]+"${select[@]}"} "$@"
+exec .venv/bin/python -m pytest -q --durations=40 ${select[@]+"${select[@]}"} "$@"
