@@ -87,13 +87,16 @@ def test_a_bfloat16_cache_is_attended_as_a_bfloat16_model_would(lib, committed, 
     [(torch.float32, D), (torch.bfloat16, D), (torch.bfloat16, 80), (torch.bfloat16, 128)],
     ids=["f32", "bf16", "bf16-d80", "bf16-d128"],
 )
-def test_a_row_has_the_same_bits_alone_and_in_any_tree_at_any_thread_count(lib, kv_dtype, head):
+@pytest.mark.parametrize("committed", [200, 203])
+def test_a_row_has_the_same_bits_alone_and_in_any_tree_at_any_thread_count(
+    lib, kv_dtype, head, committed
+):
     """Row i of a tree verify == the plain one-row step at the same position: committed
     c + depth, its own slot as the one extra key; with 1 and 2 threads, over a float32
-    and a bfloat16 cache (whose rows go through p @ V in groups of up to 3: 24 rows
-    cover every group size)."""
+    and a bfloat16 cache (whose rows go through p @ V in groups of up to 3, or 4 on the
+    AVX2 path: 24 rows cover every group size); 203 committed keys: a block of 8 keys
+    that mixes committed and tree keys (the AVX2 path shares only whole committed ones)."""
     rng = np.random.default_rng(7)
-    committed = 200
     rows = _rows(committed, 24, rng)
     q, kv = _case(1, committed, rows, head)
     kv = kv.to(kv_dtype)
