@@ -4,7 +4,8 @@ generated batched, with its last-layer hidden state at every position.
 Prompts come from the training corpus (``corpus/prompts.jsonl``, never benchmark
 prompts), rendered through the model's chat template. Each batch of ``batch`` prompts
 (about equally long: ``shard_prompts``) is left-padded and continued greedily for
-``gen_len`` tokens in bfloat16 (``batch_greedy``), so one forward serves the whole batch.
+``gen_len`` tokens (``batch_greedy``; bfloat16 where the CPU computes it, else float32:
+``data_dtype``), so one forward serves the whole batch.
 A shard per batch is written atomically
 (``shard-00007.npz``: ``tokens`` (B, L) int32, ``hidden`` (B, L, C) float16, ``valid``
 (B, L) bool), so an interrupted run resumes at the first missing shard.
@@ -67,6 +68,37 @@ def shard_prompts(tok: object, prompts: list[str], batch: int, max_prompt: int) 
     return [x for w in range(0, len(ids), win) for x in sorted(ids[w : w + win], key=len)]
 
 
+def data_dtype() -> torch.dtype:
+    """The dtype the target computes new training data in: bfloat16 where the CPU has
+    bf16 instructions (``modes.BF16_CPU_FLAGS``), else float32, since emulated bfloat16 is
+    several times slower there (one teacher-forced shard, 8 x 512 tokens through the
+    default model, on an AMD EPYC Zen 3 with AVX2 only: 80 s in bfloat16, 15 s in
+    float32). The hidden states are stored in float16 either way; greedy shards record
+    theirs (``data.json``), and a resumed run keeps it.
+
+    Example::
+
+        >>> data_dtype() in (torch.bfloat16, torch.float32)
+        True
+    """
+    from draftwise.backends.cuda.modes import BF16_CPU_FLAGS
+    from draftwise.core.device import cpu_flags
+
+    return torch.bfloat16 if cpu_flags() & set(BF16_CPU_FLAGS) else torch.float32
+
+
+def shards_dtype(out: Path) -> torch.dtype:
+    """The dtype the greedy shards in ``out`` were made in (``data.json``; bfloat16 for
+    shards from before it was recorded), or ``data_dtype()`` where there are none yet."""
+    meta = out / "data.json"
+    if not meta.is_file():
+        return data_dtype()
+    name = json.loads(meta.read_text()).get("dtype", "bfloat16")
+    if name not in ("bfloat16", "float32"):
+        raise DraftwiseError(f"{meta} records dtype {name!r}, not bfloat16 or float32")
+    return getattr(torch, name)
+
+
 def write_shards(
     model_dir: Path,
     prompts_path: Path,
@@ -77,8 +109,9 @@ def write_shards(
     max_prompt: int = 128,
     progress: Callable[[int, int], None] | None = None,
 ) -> None:
-    """Generate the missing shards 0..n_batches-1 (see the module docstring): bfloat16
-    greedy continuations, ``batch`` prompts per forward (``batch_greedy``)."""
+    """Generate the missing shards 0..n_batches-1 (see the module docstring): greedy
+    continuations in ``shards_dtype(out)``, ``batch`` prompts per forward
+    (``batch_greedy``)."""
     prompts = read_prompts(prompts_path)
     if n_batches * batch > len(prompts):
         raise DraftwiseError(
@@ -87,11 +120,13 @@ def write_shards(
         )
     # the shards' prompts depend on these: a resumed run must not mix two layouts
     digest = hashlib.sha256(prompts_path.read_bytes()).hexdigest()[:16]
+    dtype = shards_dtype(out)
     settings = {"prompts_sha256": digest, "n_batches": n_batches, "batch": batch,
-                "gen_len": gen_len, "max_prompt": max_prompt}
+                "gen_len": gen_len, "max_prompt": max_prompt,
+                "dtype": str(dtype).removeprefix("torch.")}
     meta = out / "data.json"
     if meta.is_file():
-        old = json.loads(meta.read_text())
+        old = {"dtype": "bfloat16", **json.loads(meta.read_text())}
         if old != settings:
             diff = ", ".join(
                 f"{k} {old.get(k)} -> {v}" for k, v in settings.items() if old.get(k) != v
@@ -109,7 +144,7 @@ def write_shards(
     from draftwise.training.batch_greedy import greedy_continuations, prompt_states
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = Llama.load(model_dir, torch.bfloat16, torch.device("cpu"), max_cache_len=1)
+    model = Llama.load(model_dir, dtype, torch.device("cpu"), max_cache_len=1)
     ordered = shard_prompts(tok, prompts[: n_batches * batch], batch, max_prompt)
     for done, i in enumerate(todo):
         ids = ordered[i * batch : (i + 1) * batch]
@@ -147,7 +182,7 @@ def add_prompt_states(
     from draftwise.training.batch_greedy import prompt_states
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = Llama.load(model_dir, torch.bfloat16, torch.device("cpu"), max_cache_len=1)
+    model = Llama.load(model_dir, shards_dtype(out), torch.device("cpu"), max_cache_len=1)
     prompts = read_prompts(prompts_path)
     ordered = shard_prompts(tok, prompts[: n_batches * batch], batch, max_prompt)
     for done, i in enumerate(todo):
@@ -182,24 +217,6 @@ def _forced(out: Path, i: int) -> Path:
     return out / f"forced-{i:05d}.npz"
 
 
-def forced_dtype() -> torch.dtype:
-    """The dtype of the teacher-forced forward: bfloat16 where the CPU has bf16
-    instructions (``modes.BF16_CPU_FLAGS``), else float32, since emulated bfloat16 is
-    several times slower there (one shard, 8 x 512 tokens through the default model, on
-    an AMD EPYC Zen 3 with AVX2 only: 80 s in bfloat16, 15 s in float32). The hidden
-    states are stored in float16 either way.
-
-    Example::
-
-        >>> forced_dtype() in (torch.bfloat16, torch.float32)
-        True
-    """
-    from draftwise.backends.cuda.modes import BF16_CPU_FLAGS
-    from draftwise.core.device import cpu_flags
-
-    return torch.bfloat16 if cpu_flags() & set(BF16_CPU_FLAGS) else torch.float32
-
-
 def write_forced_shards(
     model_dir: Path,
     prompts_path: Path,
@@ -214,7 +231,7 @@ def write_forced_shards(
     conversations (prompt + reference response through the chat template, rows
     ``skip..`` of ``read_rows``, so the prompts of the greedy shards stay out), packed
     into rows of ``seq_len + 1`` tokens; one forward per ``batch`` rows (in
-    ``forced_dtype()``) gives the last-layer hidden state and the target's argmax at
+    ``data_dtype()``) gives the last-layer hidden state and the target's argmax at
     every position.
 
     Layout as the greedy shards plus ``labels``: ``tokens[b, j]`` is corpus token
@@ -229,7 +246,7 @@ def write_forced_shards(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=forced_dtype()).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=data_dtype()).eval()
     rows = [r for r in read_rows(prompts_path)[skip:] if r.get("response")]
     need = max(todo) + 1
     stream: list[int] = []
