@@ -213,7 +213,10 @@ class AutoDrafter:
         # in `draftwise bench` (42 turns) 0.98x with three ways, 0.97x and 0.99x with two.
         # Choosing solo or plain from the model instead ((1 + solo's acceptance) / (two
         # rows + drafting) against one over one row) measured 0.97x against 1.00x.
-        # (Where the curve is not steep, a GPU's, every step takes the full way.)
+        # (Where the curve is not steep, a GPU's, every step takes the full way.) On the
+        # greedy path a third way, plain, gave 1.10x against 1.12x without it (AMD EPYC
+        # Zen 3, `draftwise bench` 42 turns, one run each, 2026-11-27: summarization
+        # 1.01x against 0.96x, coding 0.98x against 1.06x); not kept.
         self._greedy_rates: StepRates | None = None
         self._sampling_rates: StepRates | None = None
         if self._solo is not None:
