@@ -35,8 +35,8 @@ FULL_ONLY = (
     "tests/backends/cuda/test_draft_lm.py::test_draft_model_and_card_identical_to_plain[Write",
     # the GPU kernels under Triton's interpreter (test_rowinv.py's child run, which gets the
     # parent's -m): every bucket with the default attention kernel ([1]) and in chunks
-    # ([1:64]); SDPA and the norms inside the GEMMs by the float32 step test's [*-0] and
-    # [*-1:0:1]; that test keeps each family once with SDPA and once with each option
+    # ([1:64]); SDPA and the norms inside the GEMMs by the float32 step test's [llama3-0]
+    # and [*-1:0:1]; that test keeps every family and each option at least once
     "tests/backends/cuda/gpu/test_rowinv.py::test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless[0]",
     "tests/backends/cuda/gpu/test_rowinv.py::test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless[1:0:1]",
     "tests/backends/cuda/gpu/test_rowinv.py::test_the_step_computes_what_the_torch_fixed_step_does[qwen3-0]",

@@ -93,9 +93,9 @@ def test_a_row_has_the_same_bits_alone_and_in_any_tree_at_any_thread_count(
 ):
     """Row i of a tree verify == the plain one-row step at the same position: committed
     c + depth, its own slot as the one extra key; with 1 and 2 threads, over a float32
-    and a bfloat16 cache (whose rows go through p @ V in groups of up to 3, or 4 on the
-    AVX2 path: 24 rows cover every group size); 203 committed keys: a block of 8 keys
-    that mixes committed and tree keys (the AVX2 path shares only whole committed ones)."""
+    and a bfloat16 cache (whose rows go through p @ V in groups of up to 3: 24 rows
+    cover every group size); at 203 committed keys a block of 8 scores (``dw_sum8x8`` on
+    the AVX2 path) holds committed and tree keys together."""
     rng = np.random.default_rng(7)
     rows = _rows(committed, 24, rng)
     q, kv = _case(1, committed, rows, head)
