@@ -70,7 +70,7 @@ def shard_prompts(tok: object, prompts: list[str], batch: int, max_prompt: int) 
 
 def data_dtype() -> torch.dtype:
     """The dtype the target computes new training data in: bfloat16 where the CPU has
-    bf16 instructions (``modes.BF16_CPU_FLAGS``), else float32, since emulated bfloat16 is
+    bf16 instructions (``modes.native_bf16``), else float32, since emulated bfloat16 is
     several times slower there (one teacher-forced shard, 8 x 512 tokens through the
     default model, on an AMD EPYC Zen 3 with AVX2 only: 80 s in bfloat16, 15 s in
     float32). The hidden states are stored in float16 either way; greedy shards record
@@ -81,10 +81,12 @@ def data_dtype() -> torch.dtype:
         >>> data_dtype() in (torch.bfloat16, torch.float32)
         True
     """
-    from draftwise.backends.cuda.modes import BF16_CPU_FLAGS
-    from draftwise.core.device import cpu_flags
+    from draftwise.backends.cuda.modes import native_bf16
 
-    return torch.bfloat16 if cpu_flags() & set(BF16_CPU_FLAGS) else torch.float32
+    return torch.bfloat16 if native_bf16() else torch.float32
+
+
+UNRECORDED_DTYPE = "bfloat16"  # greedy shards made before data.json recorded a dtype
 
 
 def shards_dtype(out: Path) -> torch.dtype:
@@ -93,7 +95,7 @@ def shards_dtype(out: Path) -> torch.dtype:
     meta = out / "data.json"
     if not meta.is_file():
         return data_dtype()
-    name = json.loads(meta.read_text()).get("dtype", "bfloat16")
+    name = json.loads(meta.read_text()).get("dtype", UNRECORDED_DTYPE)
     if name not in ("bfloat16", "float32"):
         raise DraftwiseError(f"{meta} records dtype {name!r}, not bfloat16 or float32")
     return getattr(torch, name)
@@ -126,7 +128,7 @@ def write_shards(
                 "dtype": str(dtype).removeprefix("torch.")}
     meta = out / "data.json"
     if meta.is_file():
-        old = {"dtype": "bfloat16", **json.loads(meta.read_text())}
+        old = {"dtype": UNRECORDED_DTYPE, **json.loads(meta.read_text())}
         if old != settings:
             diff = ", ".join(
                 f"{k} {old.get(k)} -> {v}" for k, v in settings.items() if old.get(k) != v

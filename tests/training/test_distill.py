@@ -21,16 +21,16 @@ from draftwise.training import distill  # noqa: E402
      ({"avx2", "fma"}, "float32")],
 )
 def test_new_data_takes_bfloat16_only_where_the_cpu_computes_it(monkeypatch, flags, want):
-    import draftwise.core.device as device
+    from draftwise.backends.cuda import modes
 
-    monkeypatch.setattr(device, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(modes, "cpu_flags", lambda: frozenset(flags))
     assert distill.data_dtype() == getattr(torch, want)
 
 
 def test_greedy_shards_keep_the_dtype_they_were_made_in(monkeypatch, tmp_path):
-    import draftwise.core.device as device
+    from draftwise.backends.cuda import modes
 
-    monkeypatch.setattr(device, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(modes, "cpu_flags", lambda: frozenset({"avx2"}))
     assert distill.shards_dtype(tmp_path) == torch.float32  # none yet: this CPU's
     meta = tmp_path / "data.json"
     meta.write_text(json.dumps({"batch": 4}))  # made before the dtype was recorded

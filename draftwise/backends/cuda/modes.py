@@ -68,13 +68,19 @@ def native_4bit() -> bool:
     return native.int4_lib() is not None
 
 
+def native_bf16() -> bool:
+    """Whether this CPU has bfloat16 instructions (``BF16_CPU_FLAGS``): without them
+    torch emulates bfloat16, several times slower than float32."""
+    return bool(cpu_flags() & set(BF16_CPU_FLAGS))
+
+
 def default_dtype(device: torch.device, model_dir: Path | None = None) -> str:
     """On a CPU: ``4bit`` for a model converted from a Q4 GGUF (its own weights, a quarter
     of the bytes) where the compiled 4-bit kernel or bf16 dot-product instructions are;
     else bfloat16 with those instructions, float32 without. Elsewhere float32."""
     if device.type != "cpu":
         return "float32"
-    bf16 = bool(cpu_flags() & set(BF16_CPU_FLAGS))
+    bf16 = native_bf16()
     if (bf16 or native_4bit()) and exact_4bit(model_dir, device):
         return "4bit"
     return "bfloat16" if bf16 else "float32"
