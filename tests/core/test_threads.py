@@ -61,6 +61,7 @@ def test_one_count_never_probes():
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # two threads to switch between: alone on the machine (scripts/test.sh)
 def test_switching_threads_every_step_changes_nothing_generated(default_model_dir, monkeypatch):
     """On the real default model (the fused 4bit forward): kernel and torch thread
     counts alternating 2, 1, 2, ... step by step give the same tokens as a fixed count,

@@ -232,6 +232,7 @@ def test_wrong_codes_are_refused(default_model_dir, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # at the machine's threads: the kernels' split over threads as users run it
 def test_4bit_speculative_output_equals_plain(default_model_dir):
     """Greedy ``auto`` and ``cacheback`` == ``none`` in the 4bit mode (invariant by default
     on CPU), on our own prompts; and the mode really computes with 4-bit weights."""
