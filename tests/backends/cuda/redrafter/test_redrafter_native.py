@@ -240,3 +240,52 @@ def test_begin_indexes_the_prompt_and_the_drafts_stay(tiny, native):  # type: ig
         if begin:
             assert step._m == ctx.size - 2 and step.vocab_ids.size == held  # nothing new
     assert drafts[0] == drafts[1] and drafts[0]
+
+
+@needs_native
+@pytest.mark.parametrize("rows_as", ["float32", "float16"])
+def test_bfloat16_rows_are_read_in_place_with_the_bits_of_their_float32_copies(tiny, rows_as):  # type: ignore[no-untyped-def]
+    """The 4bit mode's residual rows are bfloat16: C reads them where they are (no torch
+    copy). The proposal's hidden-state parts and the context entries' keys and values
+    have the bits they have from the same rows as float32 (read in place as well), and
+    from float16 ones (another dtype: one float32 copy); rows spread over several
+    pieces, as commits record them, included."""
+    net = _net(tiny, 64, noise=0.2)
+    ctx = np.random.default_rng(4).integers(0, V, 30)
+    tiny.keep_hidden_rows()
+    tiny.reset()
+    tiny.prefill(ctx[:-1])
+    first, pieces = tiny.residual_rows(0)  # float32 rows of positions 0..28
+    with torch.inference_mode():
+        x = torch.cat(pieces).bfloat16()  # (29, C): the values a bfloat16 model holds
+    splits = [x[:7], x[7:8], x[8:20], x[20:]]  # pieces as prefill and commits leave them
+    got = {}
+    for dtype in ("bfloat16", rows_as):
+        step = _native_or_skip(net, tiny, extend=True)
+        dt = getattr(torch, dtype)
+        with torch.inference_mode():
+            parts = [p.to(dt) for p in splits]
+        step.backend = _RowsBackend(tiny, first, parts)
+        assert step.start(ctx.size - 1, ctx)
+        got[dtype] = (step._hbuf.copy(), step._bufs[0].copy(), step._bufs[1].copy(),
+                      step._hg.value, step._kv_np[0][: step._m].copy(), step._kv_np[1][: step._m].copy())
+        assert step._m == ctx.size - 2
+    for a, b in zip(got["bfloat16"], got[rows_as], strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+class _RowsBackend:
+    """A backend whose kept residual rows are the given pieces (the last row is
+    ``last_residual``); everything else is the wrapped one's."""
+
+    def __init__(self, inner, first, pieces):  # type: ignore[no-untyped-def]
+        self._inner, self._first, self._pieces = inner, first, pieces
+
+    def __getattr__(self, name):  # type: ignore[no-untyped-def]
+        return getattr(self._inner, name)
+
+    def residual_rows(self, start):  # type: ignore[no-untyped-def]
+        return self._first, list(self._pieces)
+
+    def last_residual(self):  # type: ignore[no-untyped-def]
+        return self._pieces[-1][-1]

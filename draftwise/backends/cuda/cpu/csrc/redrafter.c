@@ -423,16 +423,32 @@ static float sum_of(const float *x, int64_t n) {
     return t;
 }
 
-/* A proposal's start: h = RMSNorm(x) * norm (the target's last hidden state from its
- * residual row x (C)), then its parts: hr (2C) = R_h h + b, hq (D) = Q_h h + b and
- * hg = g_h . h + g_b (with a context: q_h and g_h not NULL). */
-int dw_rd_start(const DwI8 *res_h, const DwI8 *q_h, const float *g_h, float g_b,
-                const float *x, const float *norm, float eps, int64_t c, float *h,
-                float *hr, float *hq, float *hg, int threads) {
+/* Element i of a residual row x: float32 (x_bf16 = 0) or bfloat16 (1), the target's own
+ * dtype, so the caller passes its tensor's memory as it is (widening a bfloat16 number
+ * to float32 is exact: the same value as a float32 copy of the row). */
+static inline float row_at(const void *x, int x_bf16, int64_t i) {
+    return x_bf16 ? bf16f(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+/* h (C) = RMSNorm(x) * norm, x a residual row (row_at). */
+static void final_norm(const void *x, int x_bf16, const float *norm, float eps, int64_t c,
+                       float *h) {
     float ss = 0.0f;
-    for (int64_t i = 0; i < c; i++) ss += x[i] * x[i];
+    for (int64_t i = 0; i < c; i++) {
+        float v = row_at(x, x_bf16, i);
+        ss += v * v;
+    }
     float r = 1.0f / sqrtf(ss / (float)c + eps);
-    for (int64_t i = 0; i < c; i++) h[i] = x[i] * r * norm[i];
+    for (int64_t i = 0; i < c; i++) h[i] = row_at(x, x_bf16, i) * r * norm[i];
+}
+
+/* A proposal's start: h = RMSNorm(x) * norm (the target's last hidden state from its
+ * residual row x (C), float32 or bfloat16: row_at), then its parts: hr (2C) = R_h h + b,
+ * hq (D) = Q_h h + b and hg = g_h . h + g_b (with a context: q_h and g_h not NULL). */
+int dw_rd_start(const DwI8 *res_h, const DwI8 *q_h, const float *g_h, float g_b,
+                const void *x, int x_bf16, const float *norm, float eps, int64_t c, float *h,
+                float *hr, float *hq, float *hg, int threads) {
+    final_norm(x, x_bf16, norm, eps, c, h);
     i8_mv(res_h, h, c, 1, hr, res_h->n, threads);
     if (q_h != NULL) {
         i8_mv(q_h, h, c, 1, hq, q_h->n, threads);
@@ -442,25 +458,20 @@ int dw_rd_start(const DwI8 *res_h, const DwI8 *q_h, const float *g_h, float g_b,
 }
 
 /* cnt new context entries: entry i stands for token tok[i] with the target's hidden
- * states g_{i-1} and g_i (rows off + i and off + i + 1 of the residual rows x (n, C),
- * normalised here as in dw_rd_start) and the token that followed, tok[i + 1]:
+ * states g_{i-1} and g_i (the residual rows rows[i] and rows[i + 1], each (C) float32 or
+ * bfloat16 as x_bf16 says, normalised here as in dw_rd_start) and the token that
+ * followed, tok[i + 1]:
  *   keys[i] = W_k [g_{i-1}, e(tok[i])] + b_k,  vals[i] = W_v [e(tok[i + 1]), g_i] + b_v.
- * Rows off .. off + cnt of x must exist (the caller checks). Returns 1 when scratch
- * memory could not be allocated. */
-int dw_rd_entries(const DwI8 *wk, const DwI8 *wv, const float *x, int64_t off, int64_t cnt,
-                  const float *norm, float eps, const uint16_t *embed, const int64_t *tok,
-                  int64_t c, float *keys, float *vals, int threads) {
+ * rows holds cnt + 1 pointers (the caller checks them). Returns 1 when scratch memory
+ * could not be allocated. */
+int dw_rd_entries(const DwI8 *wk, const DwI8 *wv, const void *const *rows, int x_bf16,
+                  int64_t cnt, const float *norm, float eps, const uint16_t *embed,
+                  const int64_t *tok, int64_t c, float *keys, float *vals, int threads) {
     const int64_t c2 = 2 * c;
     float *g = (float *)malloc(sizeof(float) * (size_t)((cnt + 1) * c + 2 * cnt * c2 + 1));
     if (g == NULL) return 1;
     float *kin = g + (cnt + 1) * c, *vin = kin + cnt * c2;
-    for (int64_t i = 0; i <= cnt; i++) {
-        const float *xr = x + (off + i) * c;
-        float ss = 0.0f;
-        for (int64_t j = 0; j < c; j++) ss += xr[j] * xr[j];
-        float r = 1.0f / sqrtf(ss / (float)c + eps);
-        for (int64_t j = 0; j < c; j++) g[i * c + j] = xr[j] * r * norm[j];
-    }
+    for (int64_t i = 0; i <= cnt; i++) final_norm(rows[i], x_bf16, norm, eps, c, g + i * c);
     for (int64_t i = 0; i < cnt; i++) {
         const uint16_t *e0 = embed + tok[i] * c, *e1 = embed + tok[i + 1] * c;
         for (int64_t j = 0; j < c; j++) {
@@ -785,17 +796,18 @@ int dw_rd_chain(const void *net, const void *pr, int64_t root, int64_t t, const 
 }
 
 int dw_rd_start(const void *res_h, const void *q_h, const float *g_h, float g_b,
-                const float *x, const float *norm, float eps, int64_t c, float *h,
+                const void *x, int x_bf16, const float *norm, float eps, int64_t c, float *h,
                 float *hr, float *hq, float *hg, int threads) {
-    (void)res_h; (void)q_h; (void)g_h; (void)g_b; (void)x; (void)norm; (void)eps; (void)c;
+    (void)res_h; (void)q_h; (void)g_h; (void)g_b; (void)x; (void)x_bf16; (void)norm;
+    (void)eps; (void)c;
     (void)h; (void)hr; (void)hq; (void)hg; (void)threads;
     return 2;
 }
 
-int dw_rd_entries(const void *wk, const void *wv, const float *x, int64_t off, int64_t cnt,
-                  const float *norm, float eps, const uint16_t *embed, const int64_t *tok,
-                  int64_t c, float *keys, float *vals, int threads) {
-    (void)wk; (void)wv; (void)x; (void)off; (void)cnt; (void)norm; (void)eps; (void)embed;
+int dw_rd_entries(const void *wk, const void *wv, const void *const *rows, int x_bf16,
+                  int64_t cnt, const float *norm, float eps, const uint16_t *embed,
+                  const int64_t *tok, int64_t c, float *keys, float *vals, int threads) {
+    (void)wk; (void)wv; (void)rows; (void)x_bf16; (void)cnt; (void)norm; (void)eps; (void)embed;
     (void)tok; (void)c; (void)keys; (void)vals; (void)threads;
     return 2;
 }
