@@ -36,7 +36,9 @@ Example: a flat cost curve keeps the whole tree, a steep one keeps nothing::
 
 from __future__ import annotations
 
+import math
 import os
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -303,7 +305,7 @@ class AutoDrafter:
             return DraftTree.empty()
         # merged uncut: a breadth-first cut would let one member's shallow guesses push
         # out another's deep ones; the choice below keeps the best ``cap`` nodes instead
-        c1 = float(self.cost.cost_upto(1, context.size)[0])
+        c1 = self.cost.costs_to(1, context.size)[0]
         trees, ran = [], []
         for i, m in enumerate(self.members):
             if not self._runs(i, c1):
@@ -312,8 +314,9 @@ class AutoDrafter:
             t0 = time.perf_counter()
             trees.append(m.propose(context, cap))
             self._times[i].append((time.perf_counter() - t0) * 1e3)
-            # a median: a text's first proposal may index the whole prompt (10x a step)
-            self.member_ms[i] = float(np.median(self._times[i]))
+            # a median: a text's first proposal may index the whole prompt (10x a step);
+            # of at most GATE_TIMES floats, in Python (np.median of 9: ~40 us, warm)
+            self.member_ms[i] = float(statistics.median(self._times[i]))
             ran.append(i)
         full = merge_trees(trees)
         index = self.acc.index(full)  # (source, depth, rank) cells: planning and scoring
@@ -335,8 +338,8 @@ class AutoDrafter:
     def _steep(self, context_len: int) -> bool:
         """Whether verifying 4 rows costs ``SOLO_STEEP`` x one row or more (``solo`` is
         worth trying)."""
-        c = self.cost.cost_upto(4, context_len)
-        return float(c[3]) >= SOLO_STEEP * float(c[0])
+        c = self.cost.costs_to(4, context_len)
+        return c[3] >= SOLO_STEEP * c[0]
 
     def _propose_solo(self, context: np.ndarray, cap: int) -> DraftTree:
         """The ``solo`` way: the precise member alone drafts one beam of up to ``SOLO_T``
@@ -376,12 +379,16 @@ class AutoDrafter:
 
         Example: a plain step 2.8 ms, 2 rows 3.1, 3 rows 3.5; solo at 0.45 tokens/ms:
         depth 1 needs 0.3 x 0.45 = 0.135, depth 2 (0.4 + 0.112) x 0.45 = 0.23."""
-        c = self.cost.cost_upto(t + 1, context_len)  # (t + 1,) ms at 1..t+1 rows
+        c = self.cost.costs_to(t + 1, context_len)  # ms at 1..t+1 rows
         rate = self.rates.speed("solo") if self.rates is not None else None
-        rate = rate or 1.0 / float(c[0])
-        step = np.full(t, CHAIN_STEP * float(c[0]))
-        step[0] = 0.0  # the first token's drafting is paid before the chain could stop
-        return np.maximum.accumulate((np.diff(c) + step) * rate)  # (t,)
+        rate = rate or 1.0 / c[0]
+        floor, best = [], -math.inf  # in Python floats: t is small, this a per-step path
+        for j in range(t):
+            # the first token's drafting is paid before the chain could stop
+            need = (c[j + 1] - c[j] + (CHAIN_STEP * c[0] if j else 0.0)) * rate
+            best = need if need > best else best
+            floor.append(best)
+        return np.array(floor)  # (t,)
 
     def _gated(self, i: int, c1: float) -> bool:
         """Whether member ``i``'s drafting is costly enough to be gated (``GATE_SHARE``
@@ -427,8 +434,8 @@ class AutoDrafter:
     def _first_node_pays(self, context_len: int) -> bool:
         """One draft token accepted with the last proposal's best first-node probability
         ``p1`` pays when ``(1 + p1) / cost(2) > 1 / cost(1)``."""
-        c1, c2 = self.cost.cost_upto(2, context_len)
-        return (1.0 + self._p1) * float(c1) > float(c2)
+        c1, c2 = self.cost.costs_to(2, context_len)
+        return (1.0 + self._p1) * c1 > c2
 
     def _size_beams(self, chosen: DraftTree) -> None:
         """Next step's beam width and length of each beam member: one more than the

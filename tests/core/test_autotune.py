@@ -176,6 +176,12 @@ def test_vectorised_host_work_matches_node_loops() -> None:
         assert np.allclose(path_reduce(t.parents, p, np.multiply), prod, rtol=1e-12)
         for ctx in (50, 300, 5000):
             assert np.array_equal(cost.cost_upto(n + 1, ctx), cost.cost(np.arange(1, n + 2), ctx))
+            # the Python-float version the per-step paths use: the same numbers, bit for bit
+            assert cost.costs_to(n + 1, ctx) == cost.cost_upto(n + 1, ctx).tolist()
+    before = cost.costs_to(9, 300)
+    for _ in range(40):  # corrected live: the cached lists follow the new curve
+        cost.observe(4, 300, 30.0)
+    assert cost.costs_to(9, 300) == cost.cost_upto(9, 300).tolist() != before
 
 
 def test_sampling_generation_plans_with_the_logits_cost_curve():
