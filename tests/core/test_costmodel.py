@@ -106,7 +106,10 @@ def test_an_implausible_stored_profile_is_measured_again(tmp_path, capsys):
                     root=tmp_path / "cache")
     path = assets.profile_path()
     CostModel(ROWS, BUSY).save(path)
-    cost = assets.cost_profile(reps=1)
+    # measured again at the default 3 repetitions (a median): one timing of the fake's
+    # few-microsecond verifies could itself dip with more rows while the suite's other
+    # worker runs (once in five runs of three test files)
+    cost = assets.cost_profile()
     assert cost.plausible() and CostModel.load(path).plausible()
     assert "costs less for more rows" in capsys.readouterr().err
 
