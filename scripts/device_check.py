@@ -17,10 +17,12 @@ each timed and caught on its own (a failing one is reported, the rest still run)
    equal ``none``.
 
 Asked for by ``--only``: ``profile`` (the largest shape's one-row step under torch's
-profiler), ``gemms`` (each of its linear layers alone, with a sweep of tiles), ``long``
-(its step with an 8,192-slot limit at a short and a long context), ``buckets`` and
-``compiled``. A short table is printed last; ``device_check.json`` and ``device_check.md`` go to
-``$OUT`` (or ``--out``) when set.
+profiler), ``gemms`` (each of its linear layers alone, timed in CUDA graphs, with a
+sweep of tiles and split-K), ``long`` (its step with an 8,192-slot limit at a short and a
+long context), ``best`` (after ``curves``: the fastest variant whose buckets agree, then
+identity, the probe and the profile under its switches), ``buckets`` and ``compiled``.
+``--set DRAFTWISE_X=V,...`` sets switches for the whole run. A short table is printed
+last; ``device_check.json`` and ``device_check.md`` go to ``$OUT`` (or ``--out``) when set.
 
 Example::
 
@@ -43,16 +45,24 @@ import traceback
 # the curves section's extra runs of the largest shape's Triton step (environment switches):
 # the default step (64-row GEMM tiles, the attention kernel) against the earlier choices
 VARIANTS = {
-    "attention in chunks of 256 slots": {"DRAFTWISE_ATTN_CHUNK": "256"},
+    "attention in chunks of 64 slots": {"DRAFTWISE_ATTN_CHUNK": "64"},
+    "attention in chunks of 128 slots": {"DRAFTWISE_ATTN_CHUNK": "128"},
     "norms in the GEMMs": {"DRAFTWISE_NORM_IN_GEMM": "1"},
-    "norms in the GEMMs, attention in chunks": {"DRAFTWISE_NORM_IN_GEMM": "1", "DRAFTWISE_ATTN_CHUNK": "256"},
-    # other 64-row tiles for every layer (the H200 sweep's best for gate/up and the head)
-    "64x128 tiles": {"DRAFTWISE_MM_CONFIG": "64,128,4,4"},
-    "64x128 tiles, 8 warps, 3 stages": {"DRAFTWISE_MM_CONFIG": "64,128,8,3"},
-    "SDPA": {"DRAFTWISE_TRITON_ATTN": "0"},
-    "16-row tiles": {"DRAFTWISE_MM_BM": "16"},
+    # split-K where a GEMM has fewer weight tiles than 2 or 4 programs an SM (q/k/v, o, down)
+    "split-K to 2 programs an SM": {"DRAFTWISE_MM_SPLIT": "2"},
+    "split-K to 4 programs an SM": {"DRAFTWISE_MM_SPLIT": "4"},
+    "16-row tiles up to 16 rows": {"DRAFTWISE_MM_BM": "bucket"},
+    "norms, chunks of 64, split-K 2": {"DRAFTWISE_NORM_IN_GEMM": "1", "DRAFTWISE_ATTN_CHUNK": "64",
+                                       "DRAFTWISE_MM_SPLIT": "2"},
+    "norms, chunks of 64, split-K 4": {"DRAFTWISE_NORM_IN_GEMM": "1", "DRAFTWISE_ATTN_CHUNK": "64",
+                                       "DRAFTWISE_MM_SPLIT": "4"},
+    "norms, chunks of 128, split-K 2": {"DRAFTWISE_NORM_IN_GEMM": "1", "DRAFTWISE_ATTN_CHUNK": "128",
+                                        "DRAFTWISE_MM_SPLIT": "2"},
+    "norms, chunks of 64, split-K 2, 16-row tiles up to 16": {
+        "DRAFTWISE_NORM_IN_GEMM": "1", "DRAFTWISE_ATTN_CHUNK": "64", "DRAFTWISE_MM_SPLIT": "2",
+        "DRAFTWISE_MM_BM": "bucket"},
 }
-SMALL_VARIANTS = ("norms in the GEMMs",)
+SMALL_VARIANTS = ("norms in the GEMMs", "norms, chunks of 64, split-K 2")
 VARIANT_ROWS = (1, 4, 16, 64)  # the row counts a variant's curve is timed at
 from collections.abc import Callable
 from pathlib import Path
@@ -272,6 +282,47 @@ class Check:
                 torch.cuda.empty_cache()
         return out
 
+    def best(self) -> dict[str, Any]:
+        """After ``curves``: the largest shape's fastest variant at one row among those
+        whose every bucket agrees and whose 16- and 64-row steps are no slower than the
+        default's (3% noise allowed), then identity on both identity shapes, the
+        row-invariance probe and the profile under its switches: what a default must
+        pass, in the same call."""
+        curves = self.results.get("curves") or {}
+        shape = self.args.shapes[-1]
+        main = curves.get(shape) if isinstance(curves, dict) else None
+        if not main or "graph_ms" not in main:
+            return {"skipped": "needs the curves section"}
+        at = dict(zip(main["rows"], main["graph_ms"]))
+        pick, pick_ms = None, at[main["rows"][0]]
+        for name, v in main["variants"].items():
+            if "graph_ms" not in v or not v["rows_agree"] or v["buckets"] != main["buckets"]:
+                continue
+            vat = dict(zip(v["rows"], v["graph_ms"]))
+            wide = [r for r in vat if r > 1 and r in at]
+            if all(vat[r] <= 1.03 * at[r] for r in wide) and vat[v["rows"][0]] < pick_ms:
+                pick, pick_ms = name, vat[v["rows"][0]]
+        out: dict[str, Any] = {"variant": pick, "env": VARIANTS.get(pick, {}), "one_row_ms": pick_ms}
+        self.rows.append((f"best {shape}", f"{pick or 'the default'}: {pick_ms:.2f} ms at one row"))
+        if pick is None:
+            return out
+        env = VARIANTS[pick]
+        os.environ.update(env)
+        first = len(self.rows)
+        try:
+            for name, fn in (("identity", self.identity), ("identity-large", self.identity_large),
+                             ("probe", self.probe), ("profile", self.profile)):
+                try:
+                    out[name] = fn()
+                except Exception as exc:  # reported; the others still run
+                    out[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                    self.rows.append((f"best: {name}", out[name]["error"]))
+        finally:
+            for key in env:
+                del os.environ[key]
+            self.rows[first:] = [(f"best: {k}", v) for k, v in self.rows[first:]]
+        return out
+
     def long(self) -> dict[str, Any]:
         """The largest shape with a long context limit: ms per step at 1, 16 and 64 rows at
         a short and a long context, the default step (whose attention kernel stops at the
@@ -290,6 +341,7 @@ class Check:
         out: dict[str, Any] = {"shape": shape, "limit": limit, "contexts": list(contexts), "rows": list(rows)}
         fast = getattr(be.model, "rowinv", None)
         for name, env in (("default", {}), ("chunks of 256 slots", {"DRAFTWISE_ATTN_CHUNK": "256"}),
+                          ("chunks of 64 slots", {"DRAFTWISE_ATTN_CHUNK": "64"}),
                           ("SDPA", {"DRAFTWISE_TRITON_ATTN": "0"})):
             os.environ.update(env)
             try:
@@ -333,24 +385,35 @@ class Check:
                   "head": (c["vocab_size"], hid, False)}
         l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
         # (bn, bk, warps, stages, bm): the tile height always named (MMConfig's default is BM)
-        sweep = [MMConfig(*t) for t in ((16, 256, 4, 4, 16), (32, 128, 4, 4, 16), (32, 128, 8, 3, 16),
-                                         (64, 128, 4, 4, 16), (64, 128, 8, 5, 16), (16, 256, 4, 4, 64),
-                                         (32, 128, 4, 4, 64), (64, 128, 4, 4, 64), (64, 128, 8, 3, 64),
-                                         (128, 64, 8, 3, 64))]
+        # (bn, bk, warps, stages, bm, split): split-K in fixed parts of K (DRAFTWISE_MM_SPLIT)
+        sweep = [MMConfig(*t) for t in ((32, 128, 4, 4, 16, 1), (64, 128, 4, 4, 16, 1),
+                                         (32, 128, 4, 4, 64, 1), (64, 128, 4, 4, 64, 1),
+                                         (32, 128, 4, 4, 64, 2), (32, 128, 4, 4, 64, 4),
+                                         (32, 128, 4, 4, 64, 8), (64, 128, 4, 4, 64, 4),
+                                         (32, 128, 4, 6, 64, 1), (32, 128, 4, 3, 64, 4))]
 
         def timed(fn: Callable[[Any], Any], ws: list[Any]) -> float:
-            for w in ws[:2]:
+            """ms a call: 4 passes over the copies captured in one CUDA graph and replayed
+            (launched one by one from Python, a Triton kernel's launch, tens of
+            microseconds, would be timed instead of the kernel), median of 5 replays."""
+            for w in ws[:2]:  # compiled and warm before the capture
                 fn(w)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(4):
+                    for w in ws:
+                        fn(w)
+            graph.replay()
             times = []
             for _ in range(5):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
-                for _ in range(4):
-                    for w in ws:
-                        fn(w)
+                graph.replay()
                 b.record()
                 b.synchronize()
                 times.append(a.elapsed_time(b) / (4 * len(ws)))
+            del graph
             return sorted(times)[2]
 
         out: dict[str, Any] = {"shape": self.args.shapes[-1], "l2_MB": round(l2 / 2**20)}
@@ -377,8 +440,8 @@ class Check:
                 except Exception as exc:  # a config this Triton cannot compile
                     row.setdefault("sweep_errors", []).append(f"{vars(cfg)}: {type(exc).__name__}")
                     continue
-                # [bn, bk, warps, stages, bm, ms at 1 row, ms at 64 rows]
-                row.setdefault("sweep", []).append([cfg.bn, cfg.bk, cfg.warps, cfg.stages, cfg.bm,
+                # [bn, bk, warps, stages, bm, split, ms at 1 row, ms at 64 rows]
+                row.setdefault("sweep", []).append([cfg.bn, cfg.bk, cfg.warps, cfg.stages, cfg.bm, cfg.split,
                                                     round(t, 4), round(t64, 4)])
                 if best is None or t < best[1]:
                     best = (cfg, t)
@@ -389,7 +452,8 @@ class Check:
             self.rows.append((f"gemm {name} ({n}x{k})", f"1 row: triton {m1['triton_GBps']} GB/s, torch "
                               f"{m1['torch_GBps']}; 64 rows: triton {row['m64']['triton_GBps']}, torch "
                               f"{row['m64']['torch_GBps']}; best tiles at 1 row "
-                              + (f"{best[0].bn}x{best[0].bk} w{best[0].warps} s{best[0].stages} "
+                              + (f"{best[0].bm}x{best[0].bn}x{best[0].bk} w{best[0].warps} s{best[0].stages} "
+                                 f"split {best[0].split} "
                                  f"{round(nbytes / best[1] / 1e6)} GB/s" if best else "-")))
             del ws
             torch.cuda.empty_cache()
@@ -750,7 +814,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="folder for device_check.json/.md (default: $OUT)")
     p.add_argument("--skip", default="", help="comma-separated sections to skip")
     p.add_argument("--only", default="", help="comma-separated sections to run (default: the check's)")
+    p.add_argument("--set", default="", metavar="KEY=VALUE,...",
+                   help="DRAFTWISE_* switches for the whole run (e.g. DRAFTWISE_MM_SPLIT=2)")
     a = p.parse_args(argv)
+    a.env = {}
+    for item in filter(None, a.set.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key.startswith("DRAFTWISE_"):
+            p.error(f"--set takes DRAFTWISE_KEY=VALUE items, got {item!r}")
+        a.env[key] = value
     if a.device not in ("cuda", "cpu"):
         p.error(f"--device must be cuda or cpu, got {a.device!r}")
     if a.tiny:
@@ -772,11 +844,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("device_check: no CUDA device here (use --device cpu --tiny for the smoke test)", file=sys.stderr)
         return 2
+    os.environ.update(args.env)
     check = Check(args)
     skip = set(filter(None, args.skip.split(",")))
     only = set(filter(None, args.only.split(",")))
     extra = {"profile": check.profile, "compiled": check.compiled,  # asked for by --only
-             "buckets": check.buckets, "gemms": check.gemms, "long": check.long}
+             "buckets": check.buckets, "gemms": check.gemms, "long": check.long, "best": check.best}
     # the slowest and least certain (transformers' static cache compiles) go last
     for name, fn in (("machine", check.machine), ("curves", check.curves), ("probe", check.probe),
                      ("identity", check.identity), ("identity-large", check.identity_large),

@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -52,6 +52,7 @@ class MMConfig:
     warps: int = 4
     stages: int = 4
     bm: int = BM
+    split: int = 1  # K in this many fixed parts walked side by side (``mm_split``)
 
 
 def config(n: int, k: int, sms: int = 132) -> MMConfig:
@@ -65,12 +66,18 @@ def config(n: int, k: int, sms: int = 132) -> MMConfig:
     (16, 32 or 64) sets another tile height for every GEMM; with 16 or 32 the tiles are
     the first H200 session's: enough programs to keep every SM streaming weights at one
     row, long K steps for narrow tiles. ``DRAFTWISE_MM_CONFIG=bn,bk,warps,stages``
-    overrides (for sweeps).
+    overrides (for sweeps). ``DRAFTWISE_MM_SPLIT`` splits K where tiles are few
+    (``mm_split``).
 
     >>> config(4096, 14336)
-    MMConfig(bn=32, bk=128, warps=4, stages=4, bm=64)
+    MMConfig(bn=32, bk=128, warps=4, stages=4, bm=64, split=1)
     """
     bm = _bm_from_env()
+    c = _tiles(n, k, sms, bm)
+    return replace(c, split=mm_split(n, k, c, sms))
+
+
+def _tiles(n: int, k: int, sms: int, bm: int) -> MMConfig:
     env = os.environ.get("DRAFTWISE_MM_CONFIG")
     if env:
         try:
@@ -94,6 +101,29 @@ def config(n: int, k: int, sms: int = 132) -> MMConfig:
     return MMConfig(16, 256, bm=bm)
 
 
+def mm_split(n: int, k: int, c: MMConfig, sms: int = 132) -> int:
+    """``DRAFTWISE_MM_SPLIT``: split-K for the GEMMs with few weight tiles. ``0`` (the
+    default) never splits; ``T`` (1-16) doubles a GEMM's parts of K while it has fewer
+    than T x SMs programs, each part at least 2 K steps (a fixed split per (N, K),
+    so every row count sums a row in the same parts; ``_mm_reduce`` adds them in order).
+
+    >>> mm_split(4096, 4096, MMConfig(32, 128))
+    1
+    >>> os.environ["DRAFTWISE_MM_SPLIT"] = "2"; mm_split(4096, 4096, MMConfig(32, 128))
+    4
+    >>> del os.environ["DRAFTWISE_MM_SPLIT"]
+    """
+    env = os.environ.get("DRAFTWISE_MM_SPLIT", "").strip() or "0"
+    if not env.isdigit() or int(env) > 16:
+        raise DraftwiseError(f"DRAFTWISE_MM_SPLIT must be 0-16 (programs per SM to aim for), got {env!r}")
+    target = int(env) * sms
+    tiles = -(-n // c.bn)
+    split = 1
+    while tiles * split < target and k % (2 * split * c.bk * 2) == 0 and split < 16:
+        split *= 2
+    return split
+
+
 def attn_chunk() -> int:
     """``DRAFTWISE_ATTN_CHUNK``: cache slots per program of the attention kernel, a
     multiple of ``ATTN_BS`` (0, the default: one program walks every slot of its rows).
@@ -112,13 +142,14 @@ def attn_chunk() -> int:
 
 
 def _bm_from_env() -> int:
-    """``DRAFTWISE_MM_BM``: the GEMM tile height, checked (default ``BM``)."""
+    """``DRAFTWISE_MM_BM``: the GEMM tile height, checked (default ``BM``; ``bucket``:
+    ``BM`` here, 16-row tiles for calls of up to 16 rows in ``RowInvariant.mm``)."""
     env = os.environ.get("DRAFTWISE_MM_BM", "").strip()
-    if not env:
+    if not env or env == "bucket":
         return BM
     if env not in {str(b) for b in BMS}:
         raise DraftwiseError(
-            f"DRAFTWISE_MM_BM must be one of {', '.join(map(str, BMS))}, got {env!r}"
+            f"DRAFTWISE_MM_BM must be one of {', '.join(map(str, BMS))} or bucket, got {env!r}"
         )
     return int(env)
 
@@ -139,6 +170,10 @@ class RowInvariant:
             else 132
         )
         self._cfg: dict[tuple[int, int], MMConfig] = {}
+        # DRAFTWISE_MM_BM=bucket: 16-row tiles up to 16 rows, 64-row ones above (a row's
+        # bits may then differ between buckets: StepGraphs.rows_agree keeps those that agree)
+        _bm_from_env()  # checked
+        self.bm_by_rows = os.environ.get("DRAFTWISE_MM_BM", "").strip() == "bucket"
         # the attention kernel instead of SDPA (DRAFTWISE_TRITON_ATTN=0 for SDPA): on an H100
         # the 8B shape's one-row step 6.55 ms against SDPA's 7.02 (every bucket agreeing)
         choice = os.environ.get("DRAFTWISE_TRITON_ATTN", "1")
@@ -231,7 +266,15 @@ class RowInvariant:
         c = cfg or self._cfg.get((n, k))
         if c is None:
             c = self._cfg[(n, k)] = config(n, k, self.sms)
-        grid = (triton_cdiv(m, c.bm) * triton_cdiv(n, c.bn),)
+        if self.bm_by_rows and m <= 16 and cfg is None:
+            c = replace(c, bm=16)  # DRAFTWISE_MM_BM=bucket
+        split = c.split if k % (c.split * c.bk) == 0 else 1
+        ws = out
+        if split > 1:  # the parts' float32 sums (and the GLU's up sums, the norm's squares)
+            ws = torch.empty(split * m * (n * (2 if glu else 1) + (1 if norm is not None else 0)),
+                             dtype=torch.float32, device=w.device)
+        eps = float(self.model.cfg.norm_eps) if norm is not None else 0.0
+        grid = (triton_cdiv(m, c.bm) * triton_cdiv(n, c.bn) * split,)
         self.k._mm[grid](
             x,
             w,
@@ -239,7 +282,8 @@ class RowInvariant:
             res if res is not None else out,
             bias if bias is not None else out,
             norm if norm is not None else out,
-            float(self.model.cfg.norm_eps) if norm is not None else 0.0,
+            ws,
+            eps,
             m,
             n,
             k,
@@ -262,9 +306,30 @@ class RowInvariant:
             BM=c.bm,
             BN=c.bn,
             BK=c.bk,
+            SPLIT=split,
             num_warps=c.warps,
             num_stages=c.stages,
         )
+        if split > 1:
+            self.k._mm_reduce[(triton_cdiv(m, 16), triton_cdiv(n, 64))](
+                ws,
+                out,
+                res if res is not None else out,
+                bias if bias is not None else out,
+                eps,
+                m,
+                n,
+                k,
+                out.stride(0),
+                res.stride(0) if res is not None else 0,
+                HAS_BIAS=bias is not None,
+                ACT=self.act if glu else 0,
+                HAS_RES=res is not None,
+                NORM=norm is not None,
+                SPLIT=split,
+                BM=16,
+                BN=64,
+            )
         return out
 
     def rope_kv(

@@ -11,7 +11,8 @@ These kernels fix the reduction order by construction, as batch-invariant kernel
   one row tile and ``BN`` outputs and walks K in ``BK`` steps, always in the same order,
   with the same tile shapes whatever M is: a row's sum is the same sequence of float32
   additions in a 1-row call as in a 64-row one (the padding rows are zeros, and rows
-  never mix in a matrix product). No split-K. The config is chosen by (N, K) only
+  never mix in a matrix product). Split-K only in fixed parts of K, added in order by
+  ``_mm_reduce`` (``rowinv.config``). The config is chosen by (N, K) only
   (``config``). Epilogues fused (one launch instead of two to four): a bias, the
   gated MLP's ``act(gate) * up`` (``w`` holds the gate rows, then the up rows), and the
   residual add. The input may be attention's output in its grouped-heads layout
@@ -47,6 +48,7 @@ def _mm(
     res_ptr,
     bias_ptr,
     g_ptr,
+    ws_ptr,
     eps,
     M,
     N,
@@ -70,6 +72,7 @@ def _mm(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     """out (M, N) = epilogue(x (M, K) @ w[:N] (N, K).T); see the module docstring.
     ACT: 0 none, 1 silu, 2 gelu (tanh); with ACT the up half is w[up_off : up_off + N].
@@ -77,8 +80,20 @@ def _mm(
     way to the dot, its rows' squares summed in the same K loop (the tile is loaded
     anyway: no extra pass), and the products scaled by rsqrt(mean square + eps) before
     the bias: RMSNorm(x) @ w.T without a launch of its own. Each row's sum runs in the
-    same K order whatever M is."""
+    same K order whatever M is.
+    SPLIT > 1: program (tile, s) walks only the s-th of SPLIT equal parts of K (K a
+    multiple of SPLIT BK) and writes its float32 sums to ``ws`` (SPLIT, M, WN) (WN = N, or
+    2 N with ACT: the up sums after the gate's; the rows' squares, NORM, in a last
+    (SPLIT, M) block), for ``_mm_reduce``, which adds the parts in order 0..SPLIT-1 and
+    applies the epilogue. More programs, each a shorter walk: a one-row GEMM whose few
+    weight tiles leave SMs idle or waiting reads its weight sooner. The split depends on
+    (N, K) only, so a row's sum is still the same additions whatever M is."""
     pid = tl.program_id(0)
+    pid_k = 0
+    if SPLIT > 1:
+        pid_k = pid % SPLIT
+        pid = pid // SPLIT
+    KS: tl.constexpr = K // SPLIT
     num_m = tl.cdiv(M, BM)
     pid_m = pid % num_m  # the row tiles of one weight tile run side by side (L2 reuse)
     pid_n = pid // num_m
@@ -91,8 +106,8 @@ def _mm(
     acc_up = tl.zeros((BM, BN), dtype=tl.float32)
     ss = tl.zeros((BM,), dtype=tl.float32)  # NORM: the rows' sums of squares
     w_rows = w_ptr + rn[None, :] * swn  # (1, BN)
-    for k0 in range(0, K, BK):
-        kk = k0 + rk  # (BK,)
+    for i in range(0, KS, BK):
+        kk = pid_k * KS + i + rk  # (BK,)
         if A_HEADS:
             # attention's output (G, REP*M, HD) grouped per kv head: column k of a row
             # is head k // HD (group head // REP, block head % REP), dim k % HD
@@ -136,6 +151,70 @@ def _mm(
             if UPCAST:
                 bu = bu.to(tl.float32)
             acc_up = tl.dot(a, bu, acc_up)
+    if SPLIT > 1:
+        wn = N * (2 if ACT != 0 else 1)
+        base = ws_ptr + pid_k * M * wn
+        ok = m_ok[:, None] & n_ok[None, :]
+        tl.store(base + rm[:, None] * wn + rn[None, :], acc, mask=ok)
+        if ACT != 0:
+            tl.store(base + rm[:, None] * wn + N + rn[None, :], acc_up, mask=ok)
+        if NORM:
+            if pid_n == 0:  # every weight tile sums the same squares: one writes them
+                tl.store(ws_ptr + SPLIT * M * wn + pid_k * M + rm, ss, mask=m_ok)
+    else:
+        _mm_epilogue(acc, acc_up, ss, rm, rn, m_ok, n_ok, out_ptr, res_ptr, bias_ptr, eps, K, som,
+                     srm, HAS_BIAS, ACT, HAS_RES, NORM)
+
+
+@triton.jit
+def _mm_reduce(
+    ws_ptr,
+    out_ptr,
+    res_ptr,
+    bias_ptr,
+    eps,
+    M,
+    N,
+    K: tl.constexpr,
+    som,
+    srm,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    NORM: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+):
+    """``_mm``'s SPLIT parts of K added in order 0..SPLIT-1 (element by element: the tile
+    shape here changes no bit), then its epilogue."""
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)  # (BM,)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)  # (BN,)
+    m_ok = rm < M
+    n_ok = rn < N
+    ok = m_ok[:, None] & n_ok[None, :]
+    wn = N * (2 if ACT != 0 else 1)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+    ss = tl.zeros((BM,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        base = ws_ptr + s * M * wn
+        acc += tl.load(base + rm[:, None] * wn + rn[None, :], mask=ok, other=0.0)
+        if ACT != 0:
+            acc_up += tl.load(base + rm[:, None] * wn + N + rn[None, :], mask=ok, other=0.0)
+        if NORM:
+            ss += tl.load(ws_ptr + SPLIT * M * wn + s * M + rm, mask=m_ok, other=0.0)
+    _mm_epilogue(acc, acc_up, ss, rm, rn, m_ok, n_ok, out_ptr, res_ptr, bias_ptr, eps, K, som, srm,
+                 HAS_BIAS, ACT, HAS_RES, NORM)
+
+
+@triton.jit
+def _mm_epilogue(acc, acc_up, ss, rm, rn, m_ok, n_ok, out_ptr, res_ptr, bias_ptr, eps, K: tl.constexpr,
+                 som, srm, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
+                 NORM: tl.constexpr):
+    """``_mm``'s epilogue on the float32 sums acc (and acc_up, the GLU's up half; ss, the
+    rows' squares with NORM): the norm's scale, the bias, act(gate) * up, the residual,
+    rounded as the torch step rounds, stored."""
     dt = out_ptr.dtype.element_ty
     if NORM:
         inv = 1.0 / tl.sqrt(ss / K + eps)  # (BM,)

@@ -32,32 +32,41 @@ def _compile(fn, ptrs: dict[str, str], consts: dict, aligned: tuple[str, ...] = 
 
 
 MM_PTRS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_ptr": "*bf16", "bias_ptr": "*bf16",
-           "g_ptr": "*bf16"}
+           "g_ptr": "*bf16", "ws_ptr": "*fp32"}
 
 
-# the default tiles, the 16-row ones, and the tile tables device_check.py tries
-@pytest.mark.parametrize("bm,tiles", [("64", ""), ("16", ""), ("64", "64,128,4,4"), ("64", "64,128,8,3")])
-def test_every_gemm_tile_of_the_8b_shape_fits_in_shared_memory(bm, tiles, monkeypatch):
+# the default tiles, the 16-row ones, the tile tables device_check.py tries, split-K
+@pytest.mark.parametrize("bm,tiles,split", [("64", "", "0"), ("16", "", "0"), ("64", "64,128,4,4", "0"),
+                                            ("64", "64,128,8,3", "0"), ("64", "", "2"), ("64", "", "4")])
+def test_every_gemm_tile_of_the_8b_shape_fits_in_shared_memory(bm, tiles, split, monkeypatch):
     from draftwise.backends.cuda.gpu import rowinv_kernels as kern
     from draftwise.backends.cuda.gpu.rowinv import config
 
     monkeypatch.setenv("DRAFTWISE_MM_BM", bm)
     monkeypatch.setenv("DRAFTWISE_MM_CONFIG", tiles)
+    monkeypatch.setenv("DRAFTWISE_MM_SPLIT", split)
     # Llama-3.1-8B: q/k/v, o, gate/up (the GLU: two weight tiles a step), down, the head
     layers = {(6144, 4096, 0), (4096, 4096, 0), (14336, 4096, 1), (4096, 14336, 0), (128256, 4096, 0)}
     seen = set()
     for n, k, act in sorted(layers):
         c = config(n, k, sms=132)
-        key = (c.bn, c.bk, c.warps, c.stages, c.bm, act, n == 4096)
+        key = (c.bn, c.bk, c.warps, c.stages, c.bm, c.split, act, n == 4096)
         if key in seen:
             continue
         seen.add(key)
         # the residual-adding GEMMs, and those reading an RMSNorm's input (DRAFTWISE_NORM_IN_GEMM)
         consts = dict(K=k, A_HEADS=False, HD=128, REP=4, HAS_BIAS=False, ACT=act, HAS_RES=act == 0 and n == 4096,
-                      NORM=n != 4096, EVEN_K=True, UPCAST=False, BM=c.bm, BN=c.bn, BK=c.bk)
+                      NORM=n != 4096, EVEN_K=True, UPCAST=False, BM=c.bm, BN=c.bn, BK=c.bk, SPLIT=c.split)
         out = _compile(kern._mm, MM_PTRS, consts, aligned=("N", "M", "sxm", "swn", "som", "srm", "up_off"),
                        num_warps=c.warps, num_stages=c.stages)
         assert out.metadata.shared <= HOPPER_SMEM, (key, out.metadata.shared)
+        if c.split > 1:
+            red = {k: consts[k] for k in ("K", "HAS_BIAS", "ACT", "HAS_RES", "NORM", "SPLIT")}
+            _compile(kern._mm_reduce, {"ws_ptr": "*fp32", "out_ptr": "*bf16", "res_ptr": "*bf16",
+                                       "bias_ptr": "*bf16"}, {**red, "BM": 16, "BN": 64},
+                     aligned=("N", "M", "som", "srm"))
+    if split != "0":  # the 8B shape's o and down projections do split
+        assert config(4096, 4096, 132).split > 1 and config(4096, 14336, 132).split > 1
 
 
 @pytest.mark.parametrize("split", [False, True])

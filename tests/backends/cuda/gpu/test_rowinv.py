@@ -96,6 +96,41 @@ def test_the_gemm_and_its_epilogues_compute_what_torch_does(k):
 
 
 @inner
+@pytest.mark.parametrize("split", [2, 4])
+def test_split_k_computes_what_torch_does_and_a_row_keeps_its_bits(split, monkeypatch):
+    """``DRAFTWISE_MM_SPLIT``: K in fixed parts walked side by side, added in order by
+    ``_mm_reduce`` with every epilogue (bias and residual, the GLU, the norm inside,
+    attention's grouped layout); a row alone computes bit-equal to the same row among
+    seven others (the split depends on (N, K) only)."""
+    from draftwise.backends.cuda.gpu.rowinv import MMConfig, config
+
+    monkeypatch.setenv("DRAFTWISE_MM_SPLIT", "16")
+    monkeypatch.setenv("DRAFTWISE_MM_CONFIG", "16,16,4,4")
+    assert config(40, 128).split == 4 and config(40, 64).split == 2  # it does split here
+    torch.manual_seed(2)
+    ri = _kernels()
+    eps = 1e-5
+    ri.model.cfg.norm_eps = eps
+    cfg = MMConfig(bn=16, bk=16, split=split)
+    x, w, res, b = torch.randn(8, 128), torch.randn(40, 128), torch.randn(8, 40), torch.randn(40)
+    w13, g = torch.randn(80, 128), torch.rand(128) + 0.5
+    ref = res + x @ w.T + b
+    got = ri.mm(x, w, bias=b, res=res, cfg=cfg)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-5)
+    assert torch.equal(ri.mm(x[3:4], w, bias=b, res=res[3:4], cfg=cfg), got[3:4])
+    hn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * g
+    gate, up = (hn @ w13.T).chunk(2, -1)
+    got = ri.mm(x, w13, glu=True, norm=g, cfg=cfg)
+    torch.testing.assert_close(got, F.silu(gate) * up, atol=1e-3, rtol=1e-4)
+    assert torch.equal(ri.mm(x[5:6], w13, glu=True, norm=g, cfg=cfg), got[5:6])
+    o = torch.randn(1, 2, 16, 64)  # G = 2 kv heads, rep = 2, M = 8 rows, D = 64
+    wo = torch.randn(24, 256)
+    flat = o.reshape(4, 8, 64).transpose(0, 1).reshape(8, 256)
+    got = ri.mm(o, wo, heads=(64, 2), rows=8, cfg=cfg)
+    torch.testing.assert_close(got, flat @ wo.T, atol=1e-4, rtol=1e-5)
+
+
+@inner
 def test_the_gemm_reads_attention_output_in_its_grouped_layout():
     """(1, G, rep M, D), head h = g rep + j at rows j M .. j M + M: as the torch step's
     reshape/transpose copy lays it out."""
@@ -207,22 +242,32 @@ def _backend(model_dir, dtype: str, kernels: str):
     return be
 
 
+def _switches(spec: str, monkeypatch) -> None:
+    """``attn[:chunk[:norm[:split]]]`` as the step's environment switches."""
+    attn, chunk, norm, split = (spec.split(":") + ["0", "0", "0"])[:4]
+    monkeypatch.setenv("DRAFTWISE_TRITON_ATTN", attn)
+    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk)
+    monkeypatch.setenv("DRAFTWISE_NORM_IN_GEMM", norm)
+    monkeypatch.setenv("DRAFTWISE_MM_SPLIT", split)
+    if split != "0":
+        monkeypatch.setenv("DRAFTWISE_MM_CONFIG", "16,16,4,4")
+
+
 @inner
 @pytest.mark.parametrize(
     "family,attn",
     [("llama3", "0"), ("qwen2", "0"), ("qwen3", "0"), ("gemma2", "0"), ("llama3", "1"), ("gemma2", "1"),
-     ("gemma2", "1:64"), ("qwen2", "1:0:1"), ("qwen3", "1:0:1"), ("gemma2", "1:0:1")],
+     ("gemma2", "1:64"), ("qwen2", "1:0:1"), ("qwen3", "1:0:1"), ("gemma2", "1:0:1"),
+     ("qwen2", "1:0:1:16"), ("gemma2", "1:64:0:16")],
 )
 def test_the_step_computes_what_the_torch_fixed_step_does(family, attn, tmp_path, monkeypatch):
     """float32: the kernels' step equals the torch fixed step's to float rounding, after a
     tree and K/V compaction (bias, per-head norms, sandwich norms, GeGLU, soft-capping);
     ``attn``: with the attention kernel (``DRAFTWISE_TRITON_ATTN``) in place of SDPA,
     ``1:64`` in chunks of 64 slots (``DRAFTWISE_ATTN_CHUNK``), ``1:0:1`` with the
-    RMSNorms inside the GEMMs (``DRAFTWISE_NORM_IN_GEMM``)."""
-    attn, chunk, norm = (attn.split(":") + ["0", "0"])[:3]
-    monkeypatch.setenv("DRAFTWISE_TRITON_ATTN", attn)
-    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk)
-    monkeypatch.setenv("DRAFTWISE_NORM_IN_GEMM", norm)
+    RMSNorms inside the GEMMs (``DRAFTWISE_NORM_IN_GEMM``), ``:16`` with split-K
+    (``DRAFTWISE_MM_SPLIT``, small tiles so that the tiny model's GEMMs split)."""
+    _switches(attn, monkeypatch)
     from draftwise.core.tree import DraftTree
     from tests.backends.cuda.test_torch_backend import V, _save_tiny
 
@@ -242,16 +287,14 @@ def test_the_step_computes_what_the_torch_fixed_step_does(family, attn, tmp_path
 
 
 @inner
-@pytest.mark.parametrize("attn", ["0", "1", "1:64", "1:0:1"])
+@pytest.mark.parametrize("attn", ["0", "1", "1:64", "1:0:1", "1:64:1:16"])
 def test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless(attn, tmp_path, monkeypatch):
     """bfloat16: every bucket kept (a row computes the same alone and beside 3, 15 or 63
     others), and Cacheback through the kernels equals plain decoding through them; with
     SDPA, with the attention kernel, with it in chunks of 64 slots (the text passes 64
-    tokens, so two chunks are merged), and with the norms inside the GEMMs."""
-    attn, chunk, norm = (attn.split(":") + ["0", "0"])[:3]
-    monkeypatch.setenv("DRAFTWISE_TRITON_ATTN", attn)
-    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk)
-    monkeypatch.setenv("DRAFTWISE_NORM_IN_GEMM", norm)
+    tokens, so two chunks are merged), with the norms inside the GEMMs, and all of that
+    with split-K."""
+    _switches(attn, monkeypatch)
     from draftwise.backends.cuda.gpu.graphs import BUCKETS
     from draftwise.core.decode import Decoder
     from draftwise.core.drafters.base import NoDrafter
@@ -262,7 +305,8 @@ def test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless(attn
     model_dir = _save_tiny(tmp_path / "m", "llama3")[0]
     be = _backend(model_dir, "bfloat16", "triton")
     prompt = np.random.default_rng(3).integers(0, V, 12)
-    prompt = np.concatenate([prompt] * (5 if chunk != "0" else 2))  # a repeat, so Cacheback drafts
+    chunked = attn.split(":")[1:2] not in ([], ["0"])
+    prompt = np.concatenate([prompt] * (5 if chunked else 2))  # a repeat, so Cacheback drafts
     outs = []
     for drafter in (NoDrafter(), Cacheback()):
         be.reset()
