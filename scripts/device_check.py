@@ -45,24 +45,11 @@ import traceback
 # the curves section's extra runs of the largest shape's Triton step (environment switches):
 # the default step (64-row GEMM tiles, the attention kernel) against the earlier choices
 VARIANTS = {
-    "attention in chunks of 64 slots": {"DRAFTWISE_ATTN_CHUNK": "64"},
-    "attention in chunks of 128 slots": {"DRAFTWISE_ATTN_CHUNK": "128"},
-    "norms in the GEMMs": {"DRAFTWISE_NORM_IN_GEMM": "1"},
-    # split-K where a GEMM has fewer weight tiles than 2 or 4 programs an SM (q/k/v, o, down)
-    "split-K to 2 programs an SM": {"DRAFTWISE_MM_SPLIT": "2"},
-    "split-K to 4 programs an SM": {"DRAFTWISE_MM_SPLIT": "4"},
-    "16-row tiles up to 16 rows": {"DRAFTWISE_MM_BM": "bucket"},
-    "norms, chunks of 64, split-K 2": {"DRAFTWISE_NORM_IN_GEMM": "1", "DRAFTWISE_ATTN_CHUNK": "64",
-                                       "DRAFTWISE_MM_SPLIT": "2"},
-    "norms, chunks of 64, split-K 4": {"DRAFTWISE_NORM_IN_GEMM": "1", "DRAFTWISE_ATTN_CHUNK": "64",
-                                       "DRAFTWISE_MM_SPLIT": "4"},
-    "norms, chunks of 128, split-K 2": {"DRAFTWISE_NORM_IN_GEMM": "1", "DRAFTWISE_ATTN_CHUNK": "128",
-                                        "DRAFTWISE_MM_SPLIT": "2"},
-    "norms, chunks of 64, split-K 2, 16-row tiles up to 16": {
-        "DRAFTWISE_NORM_IN_GEMM": "1", "DRAFTWISE_ATTN_CHUNK": "64", "DRAFTWISE_MM_SPLIT": "2",
-        "DRAFTWISE_MM_BM": "bucket"},
+    # on top of the default (or --set); the earlier calls' variants are in this file's history
+    "chunks of 128": {"DRAFTWISE_ATTN_CHUNK": "128"},
+    "5 stages": {"DRAFTWISE_MM_CONFIG": "32,128,4,5"},
 }
-SMALL_VARIANTS = ("norms in the GEMMs", "norms, chunks of 64, split-K 2")
+SMALL_VARIANTS = ("chunks of 128",)
 VARIANT_ROWS = (1, 4, 16, 64)  # the row counts a variant's curve is timed at
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +83,15 @@ SHAPES: dict[str, dict[str, Any]] = {
 COMMON = dict(model_type="llama", rms_norm_eps=1e-5, max_position_embeddings=131072,
               bos_token_id=None, eos_token_id=None, pad_token_id=None)
 DRAFTERS = ("cacheback", "ssd", "auto", "redrafter", "draft:layers=4", "card:layers=4")
+
+
+def _restore(saved: dict[str, str | None]) -> None:
+    """The environment switches as they were before a variant (``--set``'s included)."""
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def config_of(shape: str) -> dict[str, Any]:
@@ -238,6 +234,7 @@ class Check:
 
                 fast = be.model.rowinv
                 for name, env in chosen.items():
+                    saved = {k: os.environ.get(k) for k in env}
                     os.environ.update(env)
                     try:
                         be.graphs = StepGraphs(be.model, kernels="triton")
@@ -252,8 +249,7 @@ class Check:
                     except Exception as exc:  # reported, the rest of the run goes on
                         variants[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                     finally:
-                        for key in env:
-                            del os.environ[key]
+                        _restore(saved)
                         be.graphs, be.model.rowinv = graphs, fast
             one = ms[0]
             out[shape] = {"rows": list(self.args.rows), "graph_ms": ms, "eager_ms": eager_ms,
@@ -307,6 +303,7 @@ class Check:
         if pick is None:
             return out
         env = VARIANTS[pick]
+        saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         first = len(self.rows)
         try:
@@ -318,8 +315,7 @@ class Check:
                     out[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                     self.rows.append((f"best: {name}", out[name]["error"]))
         finally:
-            for key in env:
-                del os.environ[key]
+            _restore(saved)
             self.rows[first:] = [(f"best: {k}", v) for k, v in self.rows[first:]]
         return out
 
@@ -341,8 +337,11 @@ class Check:
         out: dict[str, Any] = {"shape": shape, "limit": limit, "contexts": list(contexts), "rows": list(rows)}
         fast = getattr(be.model, "rowinv", None)
         for name, env in (("default", {}), ("chunks of 256 slots", {"DRAFTWISE_ATTN_CHUNK": "256"}),
-                          ("chunks of 64 slots", {"DRAFTWISE_ATTN_CHUNK": "64"}),
+                          ("chunks of 128 slots", {"DRAFTWISE_ATTN_CHUNK": "128"}),
+                          ("chunks of 128 slots, 16-row tiles up to 16",
+                           {"DRAFTWISE_ATTN_CHUNK": "128", "DRAFTWISE_MM_BM": "bucket"}),
                           ("SDPA", {"DRAFTWISE_TRITON_ATTN": "0"})):
+            saved = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
             try:
                 if be.graphs is not None:
@@ -350,8 +349,7 @@ class Check:
                 cost = measure_cost_curve(be, rows=rows, contexts=contexts, reps=self.args.reps)
                 out[name] = [[round(float(x), 3) for x in line] for line in cost.ms]
             finally:
-                for key in env:
-                    del os.environ[key]
+                _restore(saved)
                 if fast is not None:
                     be.model.rowinv = fast
             self.rows.append((f"long {shape}, {name}", "; ".join(
@@ -816,6 +814,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", default="", help="comma-separated sections to run (default: the check's)")
     p.add_argument("--set", default="", metavar="KEY=VALUE,...",
                    help="DRAFTWISE_* switches for the whole run (e.g. DRAFTWISE_MM_SPLIT=2)")
+    p.add_argument("--shapes", dest="shapes_arg", default="", help="comma-separated shapes for the curves (default: all three)")
     a = p.parse_args(argv)
     a.env = {}
     for item in filter(None, a.set.split(",")):
@@ -834,6 +833,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                                                (1, 2, 4, 8, 16, 32, 64), 512, 5)
         a.decode_shape, a.tokens, a.identity_shape, a.identity_tokens = "llama-3.2-1b", 256, "llama-3.2-1b", 64
         a.pytest_timeout = 240
+    if a.shapes_arg:
+        bad = [x for x in a.shapes_arg.split(",") if x not in SHAPES]
+        if bad:
+            p.error(f"--shapes: unknown {bad[0]!r} (known: {', '.join(SHAPES)})")
+        a.shapes = a.shapes_arg.split(",")
     return a
 
 

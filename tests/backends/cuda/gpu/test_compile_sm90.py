@@ -37,7 +37,8 @@ MM_PTRS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_ptr": "*
 
 # the default tiles, the 16-row ones, the tile tables device_check.py tries, split-K
 @pytest.mark.parametrize("bm,tiles,split", [("64", "", "0"), ("16", "", "0"), ("64", "64,128,4,4", "0"),
-                                            ("64", "64,128,8,3", "0"), ("64", "", "2"), ("64", "", "4")])
+                                            ("64", "64,128,8,3", "0"), ("64", "", "2"), ("64", "", "4"),
+                                            ("64", "32,128,4,6", "0")])
 def test_every_gemm_tile_of_the_8b_shape_fits_in_shared_memory(bm, tiles, split, monkeypatch):
     from draftwise.backends.cuda.gpu import rowinv_kernels as kern
     from draftwise.backends.cuda.gpu.rowinv import config
