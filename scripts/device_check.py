@@ -46,10 +46,13 @@ import traceback
 # the default step (64-row GEMM tiles, the attention kernel) against the earlier choices
 VARIANTS = {
     # on top of the default (or --set); the earlier calls' variants are in this file's history
+    "wide 16-row tiles (gate/up, head)": {"DRAFTWISE_MM_WIDE": "1"},
+    "wide 16-row tiles, 5 stages": {"DRAFTWISE_MM_WIDE": "1", "DRAFTWISE_MM_CONFIG": "32,128,4,5"},
+    "Triton RMSNorm": {"DRAFTWISE_TRITON_NORM": "1"},
+    "wide 16-row tiles, Triton RMSNorm": {"DRAFTWISE_MM_WIDE": "1", "DRAFTWISE_TRITON_NORM": "1"},
     "chunks of 128": {"DRAFTWISE_ATTN_CHUNK": "128"},
-    "5 stages": {"DRAFTWISE_MM_CONFIG": "32,128,4,5"},
 }
-SMALL_VARIANTS = ("chunks of 128",)
+SMALL_VARIANTS = ("wide 16-row tiles, Triton RMSNorm",)
 VARIANT_ROWS = (1, 4, 16, 64)  # the row counts a variant's curve is timed at
 from collections.abc import Callable
 from pathlib import Path

@@ -90,3 +90,31 @@ def test_the_check_runs_without_the_packages_the_gpu_machine_lacks(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     res = json.loads((out / "device_check.json").read_text())
     assert "error" not in res["identity"] and "error" not in res["probe"], res
+
+
+def test_best_takes_the_fastest_variant_whose_buckets_agree_and_runs_identity_under_it(monkeypatch):
+    """``--only best``: a variant faster at one row but slower at 64 rows, or whose
+    buckets disagree, is passed over; the checks then run under the chosen switches,
+    and ``--set`` switches survive a variant (restored, not deleted)."""
+    dc = load_script()
+    monkeypatch.setattr(dc, "VARIANTS", {"a": {"DRAFTWISE_MM_WIDE": "1"}, "b": {"DRAFTWISE_TRITON_NORM": "1"},
+                                         "c": {"DRAFTWISE_ATTN_CHUNK": "128"}})
+    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", "64")  # as --set leaves it
+    args = dc.parse(["--device", "cpu", "--tiny", "--set", "DRAFTWISE_ATTN_CHUNK=64"])
+    assert args.env == {"DRAFTWISE_ATTN_CHUNK": "64"}
+    check = dc.Check(args)
+    check.results["curves"] = {"tiny": {"rows": [1, 16, 64], "graph_ms": [5.0, 5.0, 6.0], "buckets": [1, 64],
+                                        "variants": {
+        "a": {"rows": [1, 64], "graph_ms": [4.5, 6.1], "rows_agree": True, "buckets": [1, 64]},
+        "b": {"rows": [1, 64], "graph_ms": [3.0, 9.0], "rows_agree": True, "buckets": [1, 64]},
+        "c": {"rows": [1, 64], "graph_ms": [2.0, 5.0], "rows_agree": False, "buckets": [64]}}}}
+    seen = []
+    for name in ("identity", "identity_large", "probe", "profile"):
+        monkeypatch.setattr(check, name, lambda name=name: seen.append(
+            (name, os.environ.get("DRAFTWISE_MM_WIDE"), os.environ["DRAFTWISE_ATTN_CHUNK"])) or {})
+    out = check.best()
+    assert out["variant"] == "a" and out["one_row_ms"] == 4.5
+    assert seen == [(n, "1", "64") for n in ("identity", "identity_large", "probe", "profile")]
+    assert "DRAFTWISE_MM_WIDE" not in os.environ and os.environ["DRAFTWISE_ATTN_CHUNK"] == "64"
+    with pytest.raises(SystemExit):
+        dc.parse(["--set", "ATTN=1"])

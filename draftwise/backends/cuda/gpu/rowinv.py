@@ -5,13 +5,12 @@ only the buckets whose rows compute bit-equal to the largest bucket's. With cuBL
 Llama-3.1-8B shape kept only 64 (a split-K GEMM at other row counts), so a plain step
 paid for 64 rows. Here every linear layer is ``_mm``, whose reduction order is fixed by
 (N, K) alone, so every bucket computes a row the same way and a plain step runs 1 row
-(measured on an H200, Llama-3.1-8B shape: 5.87 ms a step at 1 to 16 rows, against 6.92
-with every step at cuBLAS's 64 rows).
-A layer also launches fewer kernels (8 instead of about 19): the RMSNorm, the q/k/v
-projection (bias fused), RoPE with the K/V write, attention (SDPA, as before), the
-output projection reading attention's layout with the residual add fused, the RMSNorm,
-the gate/up projection with ``act(gate) * up`` fused, and the down projection with the
-residual add.
+(measured on an H200, Llama-3.1-8B shape: 5.45 / 5.42 / 6.10 ms a step at 1 / 16 / 64
+rows, against 6.98 with every step at cuBLAS's 64 rows).
+A layer also launches fewer kernels (9 instead of about 19): the RMSNorm, the q/k/v
+projection (bias fused), RoPE with the K/V write, attention in slot chunks and their
+merge, the output projection with the residual add fused, the RMSNorm, the gate/up
+projection with ``act(gate) * up`` fused, and the down projection with the residual add.
 
 Used on CUDA when Triton imports and ``DRAFTWISE_TRITON`` is not ``0``
 (``RowInvariant.build``); the torch step stays the reference and the fallback. On CPU
@@ -33,7 +32,7 @@ import torch
 
 from draftwise.errors import DraftwiseError
 
-BM = 64  # GEMM rows per tile by default: fixed, so a row's arithmetic never depends on the row count
+BM = 64  # GEMM rows per tile above 16 rows (16-row tiles up to 16: ``config``); fixed per (N, K)
 BQ = 16  # query rows per program of the attention kernel (fixed, likewise)
 BMS = (16, 32, 64)  # the tile heights DRAFTWISE_MM_BM may choose (one for every call)
 ACTS = {"silu": 1, "gelu_pytorch_tanh": 2}
@@ -58,21 +57,25 @@ class MMConfig:
 def config(n: int, k: int, sms: int = 132) -> MMConfig:
     """Tiles for an (N, K) weight, the same for every row count.
 
-    By default (``BM`` = 64) every GEMM takes 64-row tiles of 32 outputs by 128 of K: a
-    tree of up to 64 rows reads each weight once. On an H100 (bench/results/gpu-nvidia-h100)
-    each Llama-3.1-8B layer timed alone with these tiles took about what the 16-row tiles
-    took at one row and half as long at 64 rows (16-row tiles read a weight four times
-    for 64 rows: the 8B step 14.6 ms at 64 rows against 7.0 at one). ``DRAFTWISE_MM_BM``
-    (16, 32 or 64) sets another tile height for every GEMM; with 16 or 32 the tiles are
-    the first H200 session's: enough programs to keep every SM streaming weights at one
-    row, long K steps for narrow tiles. ``DRAFTWISE_MM_CONFIG=bn,bk,warps,stages``
-    overrides (for sweeps). ``DRAFTWISE_MM_SPLIT`` splits K where tiles are few
-    (``mm_split``).
+    By default every GEMM takes tiles of 32 outputs by 128 of K, 6 pipeline stages
+    deep, 64 rows high (``BM``: a tree of up to 64 rows reads each weight once), and
+    ``RowInvariant.mm`` makes them 16 rows high for calls of up to 16 rows
+    (``DRAFTWISE_MM_BM=bucket``, the default): the same K steps, so the same sums, on
+    Hopper's 16-row matrix instructions instead of its 64-row ones. On an H200 the
+    Llama-3.1-8B step took 5.45 / 5.42 / 6.10 ms at 1 / 16 / 64 rows with every bucket
+    bit-equal, against 6.34 / 6.41 / 6.52 with 64-row tiles of 4 stages and one
+    program walking the whole cache (bench/results/gpu-nvidia-h200/defaults-3; buckets
+    that ever disagreed would be dropped by ``StepGraphs.rows_agree``). 16-row tiles for
+    64 rows read each weight four times (14.2 ms). ``DRAFTWISE_MM_BM`` (16, 32 or 64)
+    sets one tile height for every call; with 16 or 32 the tiles are the first H200
+    session's. ``DRAFTWISE_MM_CONFIG=bn,bk,warps,stages`` overrides (for sweeps).
+    ``DRAFTWISE_MM_SPLIT`` splits K where tiles are few (``mm_split``; measured no
+    gain).
 
     >>> config(4096, 14336)
-    MMConfig(bn=32, bk=128, warps=4, stages=4, bm=64, split=1)
+    MMConfig(bn=32, bk=128, warps=4, stages=6, bm=64, split=1)
     """
-    bm = _bm_from_env()
+    bm, _ = _bm_mode()
     c = _tiles(n, k, sms, bm)
     return replace(c, split=mm_split(n, k, c, sms))
 
@@ -93,8 +96,8 @@ def _tiles(n: int, k: int, sms: int, bm: int) -> MMConfig:
                 "1-16 (a power of two), stages 1-8"
             )
         return MMConfig(bn, bk, warps, stages, bm)
-    if bm == 64:  # 4 stages of (64 + 2 x 32) x 128 bfloat16: 128 KiB of shared memory
-        return MMConfig(32, 128, 4, 4, bm)
+    if bm == 64:  # 6 stages of (64 + 2 x 32) x 128 bfloat16: 192 KiB of shared memory
+        return MMConfig(32, 128, 4, 6, bm)
     for bn in (64, 32):
         if n // bn >= 2 * sms:
             return MMConfig(bn, 128 if bn == 64 else 256, bm=bm)
@@ -126,14 +129,16 @@ def mm_split(n: int, k: int, c: MMConfig, sms: int = 132) -> int:
 
 def attn_chunk() -> int:
     """``DRAFTWISE_ATTN_CHUNK``: cache slots per program of the attention kernel, a
-    multiple of ``ATTN_BS`` (0, the default: one program walks every slot of its rows).
-    With chunks, programs walk them side by side and a second kernel merges them in a
-    fixed order (flash decoding), so long contexts take as many programs as chunks.
+    multiple of ``ATTN_BS`` (256 by default; 0: one program walks every slot of its
+    rows). Programs walk the chunks side by side and a second kernel merges them in a
+    fixed order (flash decoding), so long contexts take as many programs as chunks. On an
+    H200 (Llama-3.1-8B, 8,192-slot limit) the one-row step took 6.53 ms at context 7,936
+    against 13.83 with one program a kv head, and 6.05 against 6.40 at context 512.
 
     >>> attn_chunk()
-    0
+    256
     """
-    env = os.environ.get("DRAFTWISE_ATTN_CHUNK", "").strip() or "0"
+    env = os.environ.get("DRAFTWISE_ATTN_CHUNK", "").strip() or "256"
     if not env.isdigit() or int(env) % ATTN_BS or int(env) > 1 << 20:
         raise DraftwiseError(
             f"DRAFTWISE_ATTN_CHUNK must be 0 or a multiple of {ATTN_BS} slots, got {env!r}"
@@ -141,17 +146,18 @@ def attn_chunk() -> int:
     return int(env)
 
 
-def _bm_from_env() -> int:
-    """``DRAFTWISE_MM_BM``: the GEMM tile height, checked (default ``BM``; ``bucket``:
-    ``BM`` here, 16-row tiles for calls of up to 16 rows in ``RowInvariant.mm``)."""
+def _bm_mode() -> tuple[int, bool]:
+    """``DRAFTWISE_MM_BM``, checked: (the tiles' height in ``config``, whether calls of
+    up to 16 rows take 16-row tiles). ``bucket`` (the default): (``BM``, True); 16, 32 or
+    64: that height for every call."""
     env = os.environ.get("DRAFTWISE_MM_BM", "").strip()
     if not env or env == "bucket":
-        return BM
+        return BM, True
     if env not in {str(b) for b in BMS}:
         raise DraftwiseError(
             f"DRAFTWISE_MM_BM must be one of {', '.join(map(str, BMS))} or bucket, got {env!r}"
         )
-    return int(env)
+    return int(env), False
 
 
 class RowInvariant:
@@ -170,10 +176,23 @@ class RowInvariant:
             else 132
         )
         self._cfg: dict[tuple[int, int], MMConfig] = {}
-        # DRAFTWISE_MM_BM=bucket: 16-row tiles up to 16 rows, 64-row ones above (a row's
-        # bits may then differ between buckets: StepGraphs.rows_agree keeps those that agree)
-        _bm_from_env()  # checked
-        self.bm_by_rows = os.environ.get("DRAFTWISE_MM_BM", "").strip() == "bucket"
+        # DRAFTWISE_MM_BM=bucket (the default): 16-row tiles up to 16 rows, 64-row ones above
+        # (bit-equal on an H200; StepGraphs.rows_agree drops a bucket where they are not)
+        _, self.bm_by_rows = _bm_mode()
+        # DRAFTWISE_MM_WIDE=1: those 16-row tiles 64 outputs wide where a GEMM has one such
+        # tile an SM or more (gate/up, the head): alone on an H200 0.059 ms against 0.067
+        # for the 8B gate/up, 0.238 against 0.293 for its head; off until the step is timed
+        choice = os.environ.get("DRAFTWISE_MM_WIDE", "0")
+        if choice not in ("0", "1"):
+            raise DraftwiseError(f"DRAFTWISE_MM_WIDE must be 0 or 1, got {choice!r}")
+        self.wide = choice == "1"
+        # DRAFTWISE_TRITON_NORM=1: the RMSNorms on ``_rmsnorm`` (one program a row) instead of
+        # torch's fused kernel (65 launches of about 6 us in the 8B one-row step on an
+        # H200); off until timed
+        choice = os.environ.get("DRAFTWISE_TRITON_NORM", "0")
+        if choice not in ("0", "1"):
+            raise DraftwiseError(f"DRAFTWISE_TRITON_NORM must be 0 or 1, got {choice!r}")
+        self.own_norm = choice == "1"
         # the attention kernel instead of SDPA (DRAFTWISE_TRITON_ATTN=0 for SDPA): on an H100
         # the 8B shape's one-row step 6.55 ms against SDPA's 7.02 (every bucket agreeing)
         choice = os.environ.get("DRAFTWISE_TRITON_ATTN", "1")
@@ -266,8 +285,9 @@ class RowInvariant:
         c = cfg or self._cfg.get((n, k))
         if c is None:
             c = self._cfg[(n, k)] = config(n, k, self.sms)
-        if self.bm_by_rows and m <= 16 and cfg is None:
-            c = replace(c, bm=16)  # DRAFTWISE_MM_BM=bucket
+        if self.bm_by_rows and m <= 16 and cfg is None:  # DRAFTWISE_MM_BM=bucket
+            wide = self.wide and n // 64 >= self.sms
+            c = replace(c, bm=16, bn=64 if wide else c.bn)
         split = c.split if k % (c.split * c.bk) == 0 else 1
         ws = out
         if split > 1:  # the parts' float32 sums (and the GLU's up sums, the norm's squares)
@@ -330,6 +350,19 @@ class RowInvariant:
                 BM=16,
                 BN=64,
             )
+        return out
+
+    def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of rows ``x`` (B, C) with weight ``w`` (C,) and the model's eps: torch's
+        fused kernel (``Llama.norm_rows``), or ``_rmsnorm`` with ``DRAFTWISE_TRITON_NORM=1``."""
+        if not self.own_norm:
+            return self.model.norm_rows(x, w)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        b, c = x.shape
+        out = torch.empty_like(x)
+        self.k._rmsnorm[(b,)](x, w, out, float(self.model.cfg.norm_eps), c, x.stride(0), out.stride(0),
+                              BC=triton_next_pow2(c))
         return out
 
     def rope_kv(
@@ -468,7 +501,7 @@ class RowInvariant:
             if fold:
                 qkv = self.mm(x, layer.wqkv, bias=layer.bqkv, norm=layer.attn_norm)
             else:
-                hn = model.norm_rows(x, layer.attn_norm)  # (B, C)
+                hn = self.norm(x, layer.attn_norm)  # (B, C)
                 qkv = self.mm(hn, layer.wqkv, bias=layer.bqkv)  # (B, (H + 2 H_kv) D)
             qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # (B, H + H_kv, D)
             if layer.q_norm is not None:
@@ -491,21 +524,21 @@ class RowInvariant:
                 x = self.mm(o, layer.wo, res=x, heads=heads, rows=rows)  # (B, C)
             else:  # gemma: the norm comes between the projection and the residual
                 a = self.mm(o, layer.wo, heads=heads, rows=rows)
-                x = x + model.norm_rows(a, layer.post_attn_norm)
+                x = x + self.norm(a, layer.post_attn_norm)
             if fold:
                 g = self.mm(x, layer.w13, glu=True, norm=layer.mlp_norm)  # (B, F)
             else:
-                hn = model.norm_rows(x, layer.mlp_norm)  # (B, C)
+                hn = self.norm(x, layer.mlp_norm)  # (B, C)
                 g = self.mm(hn, layer.w13, glu=True)  # (B, F)
             if layer.post_mlp_norm is None:
                 x = self.mm(g, layer.w2, res=x)  # (B, C)
             else:
-                x = x + model.norm_rows(self.mm(g, layer.w2), layer.post_mlp_norm)
+                x = x + self.norm(self.mm(g, layer.w2), layer.post_mlp_norm)
         model.last_x = x  # (B, C)
         if fold:
             out = self.mm(x, model.lm_head, norm=model.norm)  # (B, V)
         else:
-            out = self.mm(model.norm_rows(x, model.norm), model.lm_head)  # (B, V)
+            out = self.mm(self.norm(x, model.norm), model.lm_head)  # (B, V)
         if cfg.final_softcap is not None:
             out = torch.tanh(out / cfg.final_softcap) * cfg.final_softcap
         return out

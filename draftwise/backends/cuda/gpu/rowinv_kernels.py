@@ -6,8 +6,8 @@ split-K kernel at some row counts, and a row's logits then round differently in 
 every step had to run the 64-row bucket (7.1 ms against a 3.65 ms bandwidth floor).
 These kernels fix the reduction order by construction, as batch-invariant kernels do:
 
-- ``_mm``: ``x (M, K) @ w (N, K).T`` in tiles of ``BM`` rows (64; ``DRAFTWISE_MM_BM``
-  may set 16 or 32 for every call, ``rowinv.config``). Each program owns
+- ``_mm``: ``x (M, K) @ w (N, K).T`` in tiles of ``BM`` rows (``rowinv.config``: 16 up
+  to 16 rows, 64 above, the same K steps either way). Each program owns
   one row tile and ``BN`` outputs and walks K in ``BK`` steps, always in the same order,
   with the same tile shapes whatever M is: a row's sum is the same sequence of float32
   additions in a 1-row call as in a 64-row one (the padding rows are zeros, and rows
@@ -461,3 +461,17 @@ def _attn_combine(
             acc = acc * alpha[:, None] + a_c * beta[:, None]
             m = m_new
     _write_rows(o_ptr, acc, l_sum, g, t, B, R, sor, D, REP, BD, BQ)
+
+
+@triton.jit
+def _rmsnorm(x_ptr, w_ptr, out_ptr, eps, C: tl.constexpr, sx, so, BC: tl.constexpr):
+    """Program b: RMSNorm of row b of x (B, C) with weight w (C,): x / sqrt(mean(x^2) + eps)
+    * w in float32, rounded once, as torch's fused ``F.rms_norm`` computes it. A row's
+    sum runs in one fixed order (BC, a power of two >= C, depends on C only)."""
+    b = tl.program_id(0)
+    c = tl.arange(0, BC)
+    ok = c < C
+    x = tl.load(x_ptr + b * sx + c, mask=ok, other=0.0).to(tl.float32)  # (BC,)
+    w = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / C + eps)
+    tl.store(out_ptr + b * so + c, (x * inv * w).to(out_ptr.dtype.element_ty), mask=ok)

@@ -66,6 +66,14 @@ def test_every_gemm_tile_of_the_8b_shape_fits_in_shared_memory(bm, tiles, split,
             _compile(kern._mm_reduce, {"ws_ptr": "*fp32", "out_ptr": "*bf16", "res_ptr": "*bf16",
                                        "bias_ptr": "*bf16"}, {**red, "BM": 16, "BN": 64},
                      aligned=("N", "M", "som", "srm"))
+    if bm == "64" and not tiles and split == "0":  # the 16-row tiles of calls up to 16 rows
+        for act, wide in ((1, True), (0, True), (1, False)):  # gate/up, the head (DRAFTWISE_MM_WIDE)
+            c = config(14336 if act else 128256, 4096, sms=132)
+            consts = dict(K=4096, A_HEADS=False, HD=128, REP=4, HAS_BIAS=False, ACT=act, HAS_RES=False,
+                          NORM=False, EVEN_K=True, UPCAST=False, BM=16, BN=64 if wide else c.bn, BK=c.bk, SPLIT=1)
+            out = _compile(kern._mm, MM_PTRS, consts, aligned=("N", "M", "sxm", "swn", "som", "srm", "up_off"),
+                           num_warps=c.warps, num_stages=c.stages)
+            assert out.metadata.shared <= HOPPER_SMEM, (act, wide, out.metadata.shared)
     if split != "0":  # the 8B shape's o and down projections do split
         assert config(4096, 4096, 132).split > 1 and config(4096, 14336, 132).split > 1
 
@@ -83,3 +91,10 @@ def test_the_attention_kernels_compile(split):
     if split:
         consts = dict(S=s, D=128, REP=4, BD=128, BQ=16, CHUNK=256, NC=-(-s // 256), BOUNDED=True)
         _compile(kern._attn_combine, {"part_ptr": "*fp32", "o_ptr": "*bf16", "slots_ptr": "*i64"}, consts)
+
+
+def test_the_rmsnorm_kernel_compiles():
+    from draftwise.backends.cuda.gpu import rowinv_kernels as kern
+
+    _compile(kern._rmsnorm, {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16"},
+             dict(C=4096, BC=4096), aligned=("sx", "so"))

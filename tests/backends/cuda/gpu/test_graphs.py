@@ -174,9 +174,20 @@ def test_the_triton_switches_are_checked(monkeypatch, model_dir):
         monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", bad)
         with pytest.raises(DraftwiseError, match=f"DRAFTWISE_ATTN_CHUNK must be 0 or a multiple of 64 slots, got '{bad}'"):
             RowInvariant(fixed.model)
-    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", "256")
-    assert RowInvariant(fixed.model).chunk == 256
+    monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", "128")
+    assert RowInvariant(fixed.model).chunk == 128
     monkeypatch.delenv("DRAFTWISE_ATTN_CHUNK")
+    assert RowInvariant(fixed.model).chunk == 256  # the default
+    monkeypatch.setenv("DRAFTWISE_MM_WIDE", "yes")
+    with pytest.raises(DraftwiseError, match="DRAFTWISE_MM_WIDE must be 0 or 1, got 'yes'"):
+        RowInvariant(fixed.model)
+    monkeypatch.setenv("DRAFTWISE_MM_WIDE", "1")
+    assert RowInvariant(fixed.model).wide
+    monkeypatch.delenv("DRAFTWISE_MM_WIDE")
+    monkeypatch.setenv("DRAFTWISE_TRITON_NORM", "yes")
+    with pytest.raises(DraftwiseError, match="DRAFTWISE_TRITON_NORM must be 0 or 1, got 'yes'"):
+        RowInvariant(fixed.model)
+    monkeypatch.delenv("DRAFTWISE_TRITON_NORM")
     monkeypatch.setenv("DRAFTWISE_NORM_IN_GEMM", "on")
     with pytest.raises(DraftwiseError, match="DRAFTWISE_NORM_IN_GEMM must be 0 or 1, got 'on'"):
         RowInvariant(fixed.model)
@@ -189,11 +200,15 @@ def test_the_triton_switches_are_checked(monkeypatch, model_dir):
     assert (config(4096, 4096).bn, config(4096, 4096).warps) == (32, 8)
     for bad in ("8", "48", "sixty-four", "128"):
         monkeypatch.setenv("DRAFTWISE_MM_BM", bad)
-        with pytest.raises(DraftwiseError, match=f"DRAFTWISE_MM_BM must be one of 16, 32, 64, got '{bad}'"):
+        with pytest.raises(DraftwiseError, match=f"DRAFTWISE_MM_BM must be one of 16, 32, 64 or bucket, got '{bad}'"):
             config(4096, 4096)
     monkeypatch.setenv("DRAFTWISE_MM_BM", "16")
     assert config(4096, 4096).bm == 16 == config(14336, 4096).bm  # every GEMM, any shape
+    assert not RowInvariant(fixed.model).bm_by_rows  # and every call
     monkeypatch.delenv("DRAFTWISE_MM_CONFIG")
     assert config(4096, 4096) == MMConfig(16, 256, 4, 4, 16)  # the first H200 session's tiles
     monkeypatch.delenv("DRAFTWISE_MM_BM")
-    assert config(4096, 4096) == config(128256, 4096) == MMConfig(32, 128, 4, 4, 64)
+    assert config(4096, 4096) == config(128256, 4096) == MMConfig(32, 128, 4, 6, 64)
+    assert RowInvariant(fixed.model).bm_by_rows  # 16-row tiles up to 16 rows: the default
+    monkeypatch.setenv("DRAFTWISE_MM_BM", "bucket")
+    assert RowInvariant(fixed.model).bm_by_rows and config(4096, 4096).bm == 64

@@ -131,6 +131,51 @@ def test_split_k_computes_what_torch_does_and_a_row_keeps_its_bits(split, monkey
 
 
 @inner
+def test_calls_of_up_to_16_rows_take_16_row_tiles_wide_ones_where_asked(monkeypatch):
+    """``DRAFTWISE_MM_BM=bucket`` (the default): 16-row tiles up to 16 rows, 64-row ones
+    above; ``DRAFTWISE_MM_WIDE=1``: those 16-row tiles 64 outputs wide where the GEMM has
+    one such tile an SM; each computes what torch does (plain and GLU)."""
+    monkeypatch.setenv("DRAFTWISE_MM_WIDE", "1")
+    torch.manual_seed(4)
+    ri = _kernels()
+    assert ri.bm_by_rows and ri.wide
+    ri.sms = 2  # 256 outputs: four 64-wide tiles, two an SM
+    seen = []
+    real = ri.k._mm
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append((kw["BM"], kw["BN"]))
+                return real[grid](*args, **kw)
+            return launch
+
+    ri.k = type("K", (), {"_mm": Spy(), "_mm_reduce": None})()
+    x, w, w13 = torch.randn(20, 64), torch.randn(256, 64), torch.randn(512, 64)
+    for rows in (1, 16, 20):
+        torch.testing.assert_close(ri.mm(x[:rows], w), x[:rows] @ w.T, atol=2e-5, rtol=1e-5)
+        g, u = (x[:rows] @ w13.T).chunk(2, -1)
+        torch.testing.assert_close(ri.mm(x[:rows], w13, glu=True), F.silu(g) * u, atol=1e-4, rtol=1e-5)
+    assert seen == [(16, 64)] * 4 + [(64, 32)] * 2
+
+
+@inner
+@pytest.mark.parametrize("c", [64, 72])
+def test_the_rmsnorm_kernel_computes_what_torch_does(c, monkeypatch):
+    """``_rmsnorm`` (``DRAFTWISE_TRITON_NORM=1``): each row alone, bit-equal alone and
+    among others."""
+    monkeypatch.setenv("DRAFTWISE_TRITON_NORM", "1")
+    torch.manual_seed(5)
+    ri = _kernels()
+    ri.model.cfg.norm_eps = 1e-6
+    x, w = torch.randn(9, c) * 3, torch.rand(c) + 0.5
+    got = ri.norm(x, w)
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(ri.norm(x[4:5], w), got[4:5])
+
+
+@inner
 def test_the_gemm_reads_attention_output_in_its_grouped_layout():
     """(1, G, rep M, D), head h = g rep + j at rows j M .. j M + M: as the torch step's
     reshape/transpose copy lays it out."""
@@ -243,8 +288,9 @@ def _backend(model_dir, dtype: str, kernels: str):
 
 
 def _switches(spec: str, monkeypatch) -> None:
-    """``attn[:chunk[:norm[:split]]]`` as the step's environment switches."""
-    attn, chunk, norm, split = (spec.split(":") + ["0", "0", "0"])[:4]
+    """``attn[:chunk[:norm[:split[:own norm]]]]`` as the step's environment switches."""
+    attn, chunk, norm, split, own = (spec.split(":") + ["0", "0", "0", "0"])[:5]
+    monkeypatch.setenv("DRAFTWISE_TRITON_NORM", own)
     monkeypatch.setenv("DRAFTWISE_TRITON_ATTN", attn)
     monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", chunk)
     monkeypatch.setenv("DRAFTWISE_NORM_IN_GEMM", norm)
@@ -258,7 +304,7 @@ def _switches(spec: str, monkeypatch) -> None:
     "family,attn",
     [("llama3", "0"), ("qwen2", "0"), ("qwen3", "0"), ("gemma2", "0"), ("llama3", "1"), ("gemma2", "1"),
      ("gemma2", "1:64"), ("qwen2", "1:0:1"), ("qwen3", "1:0:1"), ("gemma2", "1:0:1"),
-     ("qwen2", "1:0:1:16"), ("gemma2", "1:64:0:16")],
+     ("qwen2", "1:0:1:16"), ("gemma2", "1:64:0:16"), ("gemma2", "1:256:0:0:1"), ("qwen3", "1:256:0:0:1")],
 )
 def test_the_step_computes_what_the_torch_fixed_step_does(family, attn, tmp_path, monkeypatch):
     """float32: the kernels' step equals the torch fixed step's to float rounding, after a
@@ -266,7 +312,8 @@ def test_the_step_computes_what_the_torch_fixed_step_does(family, attn, tmp_path
     ``attn``: with the attention kernel (``DRAFTWISE_TRITON_ATTN``) in place of SDPA,
     ``1:64`` in chunks of 64 slots (``DRAFTWISE_ATTN_CHUNK``), ``1:0:1`` with the
     RMSNorms inside the GEMMs (``DRAFTWISE_NORM_IN_GEMM``), ``:16`` with split-K
-    (``DRAFTWISE_MM_SPLIT``, small tiles so that the tiny model's GEMMs split)."""
+    (``DRAFTWISE_MM_SPLIT``, small tiles so that the tiny model's GEMMs split), ``:1``
+    last with the RMSNorms on ``_rmsnorm`` (``DRAFTWISE_TRITON_NORM``)."""
     _switches(attn, monkeypatch)
     from draftwise.core.tree import DraftTree
     from tests.backends.cuda.test_torch_backend import V, _save_tiny
@@ -287,7 +334,7 @@ def test_the_step_computes_what_the_torch_fixed_step_does(family, attn, tmp_path
 
 
 @inner
-@pytest.mark.parametrize("attn", ["0", "1", "1:64", "1:0:1", "1:64:1:16"])
+@pytest.mark.parametrize("attn", ["0", "1", "1:64", "1:0:1", "1:64:1:16", "1:256:0:0:1"])
 def test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless(attn, tmp_path, monkeypatch):
     """bfloat16: every bucket kept (a row computes the same alone and beside 3, 15 or 63
     others), and Cacheback through the kernels equals plain decoding through them; with
