@@ -146,6 +146,18 @@ def attn_chunk() -> int:
     return int(env)
 
 
+def switch(name: str, default: bool) -> bool:
+    """An on/off environment switch, ``0`` or ``1`` (checked, the bad value named).
+
+    >>> switch("DRAFTWISE_MM_WIDE", False)
+    False
+    """
+    choice = os.environ.get(name, "1" if default else "0")
+    if choice not in ("0", "1"):
+        raise DraftwiseError(f"{name} must be 0 or 1, got {choice!r}")
+    return choice == "1"
+
+
 def _bm_mode() -> tuple[int, bool]:
     """``DRAFTWISE_MM_BM``, checked: (the tiles' height in ``config``, whether calls of
     up to 16 rows take 16-row tiles). ``bucket`` (the default): (``BM``, True); 16, 32 or
@@ -182,30 +194,18 @@ class RowInvariant:
         # DRAFTWISE_MM_WIDE=1: those 16-row tiles 64 outputs wide where a GEMM has one such
         # tile an SM or more (gate/up, the head): alone on an H200 0.059 ms against 0.067
         # for the 8B gate/up, 0.238 against 0.293 for its head; off until the step is timed
-        choice = os.environ.get("DRAFTWISE_MM_WIDE", "0")
-        if choice not in ("0", "1"):
-            raise DraftwiseError(f"DRAFTWISE_MM_WIDE must be 0 or 1, got {choice!r}")
-        self.wide = choice == "1"
+        self.wide = switch("DRAFTWISE_MM_WIDE", False)
         # DRAFTWISE_TRITON_NORM=1: the RMSNorms on ``_rmsnorm`` (one program a row) instead of
         # torch's fused kernel (65 launches of about 6 us in the 8B one-row step on an
         # H200); off until timed
-        choice = os.environ.get("DRAFTWISE_TRITON_NORM", "0")
-        if choice not in ("0", "1"):
-            raise DraftwiseError(f"DRAFTWISE_TRITON_NORM must be 0 or 1, got {choice!r}")
-        self.own_norm = choice == "1"
+        self.own_norm = switch("DRAFTWISE_TRITON_NORM", False)
         # the attention kernel instead of SDPA (DRAFTWISE_TRITON_ATTN=0 for SDPA): on an H100
         # the 8B shape's one-row step 6.55 ms against SDPA's 7.02 (every bucket agreeing)
-        choice = os.environ.get("DRAFTWISE_TRITON_ATTN", "1")
-        if choice not in ("0", "1"):
-            raise DraftwiseError(f"DRAFTWISE_TRITON_ATTN must be 0 or 1, got {choice!r}")
-        self.attn = choice == "1"
+        self.attn = switch("DRAFTWISE_TRITON_ATTN", True)
         self.chunk = attn_chunk()
         # RMSNorm inside the GEMMs that read it (DRAFTWISE_NORM_IN_GEMM=1): 65 launches
         # fewer a step of the 8B shape (0.39 ms of kernels on an H200); off until timed
-        choice = os.environ.get("DRAFTWISE_NORM_IN_GEMM", "0")
-        if choice not in ("0", "1"):
-            raise DraftwiseError(f"DRAFTWISE_NORM_IN_GEMM must be 0 or 1, got {choice!r}")
-        self.norm_in_gemm = choice == "1"
+        self.norm_in_gemm = switch("DRAFTWISE_NORM_IN_GEMM", False)
 
     @classmethod
     def supported(cls, model: Any) -> str | None:
@@ -227,10 +227,7 @@ class RowInvariant:
         ``TRITON_INTERPRET=1`` set before anything imports Triton: the tests), None where
         they do not apply: no Triton, ``DRAFTWISE_TRITON=0``, or a model they do not
         cover (``supported``)."""
-        choice = os.environ.get("DRAFTWISE_TRITON", "1")
-        if choice not in ("0", "1"):
-            raise DraftwiseError(f"DRAFTWISE_TRITON must be 0 or 1, got {choice!r}")
-        if choice == "0":
+        if not switch("DRAFTWISE_TRITON", True):
             return None
         interpret = os.environ.get("TRITON_INTERPRET") == "1"
         if model.device.type != "cuda" and not interpret:
