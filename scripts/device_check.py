@@ -21,7 +21,7 @@ profiler), ``gemms`` (each of its linear layers alone, timed in CUDA graphs, wit
 sweep of tiles and split-K), ``long`` (its step with an 8,192-slot limit at a short and a
 long context), ``best`` (after ``curves``: the fastest variant whose buckets agree, then
 identity, the probe and the profile under its switches), ``buckets`` and ``compiled``.
-``--set DRAFTWISE_X=V,...`` sets switches for the whole run. A short table is printed
+``--set DRAFTWISE_X=V,DRAFTWISE_Y=...`` sets switches for the whole run. A short table is printed
 last; ``device_check.json`` and ``device_check.md`` go to ``$OUT`` (or ``--out``) when set.
 
 Example::
@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -339,10 +340,8 @@ class Check:
         be, _ = self.build(shape, limit)
         out: dict[str, Any] = {"shape": shape, "limit": limit, "contexts": list(contexts), "rows": list(rows)}
         fast = getattr(be.model, "rowinv", None)
-        for name, env in (("default", {}), ("chunks of 256 slots", {"DRAFTWISE_ATTN_CHUNK": "256"}),
+        for name, env in (("default", {}), ("one program a kv head", {"DRAFTWISE_ATTN_CHUNK": "0"}),
                           ("chunks of 128 slots", {"DRAFTWISE_ATTN_CHUNK": "128"}),
-                          ("chunks of 128 slots, 16-row tiles up to 16",
-                           {"DRAFTWISE_ATTN_CHUNK": "128", "DRAFTWISE_MM_BM": "bucket"}),
                           ("SDPA", {"DRAFTWISE_TRITON_ATTN": "0"})):
             saved = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
@@ -816,11 +815,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip", default="", help="comma-separated sections to skip")
     p.add_argument("--only", default="", help="comma-separated sections to run (default: the check's)")
     p.add_argument("--set", default="", metavar="KEY=VALUE,...",
-                   help="DRAFTWISE_* switches for the whole run (e.g. DRAFTWISE_MM_SPLIT=2)")
+                   help="DRAFTWISE_* switches for the whole run (e.g. "
+                        "DRAFTWISE_MM_SPLIT=2,DRAFTWISE_MM_CONFIG=32,128,4,6)")
     p.add_argument("--shapes", dest="shapes_arg", default="", help="comma-separated shapes for the curves (default: all three)")
     a = p.parse_args(argv)
     a.env = {}
-    for item in filter(None, a.set.split(",")):
+    for item in filter(None, re.split(r",(?=DRAFTWISE_)", a.set)):  # a value may hold commas
         key, eq, value = item.partition("=")
         if not eq or not key.startswith("DRAFTWISE_"):
             p.error(f"--set takes DRAFTWISE_KEY=VALUE items, got {item!r}")

@@ -118,3 +118,5 @@ def test_best_takes_the_fastest_variant_whose_buckets_agree_and_runs_identity_un
     assert "DRAFTWISE_MM_WIDE" not in os.environ and os.environ["DRAFTWISE_ATTN_CHUNK"] == "64"
     with pytest.raises(SystemExit):
         dc.parse(["--set", "ATTN=1"])
+    both = dc.parse(["--set", "DRAFTWISE_MM_CONFIG=32,128,4,6,DRAFTWISE_MM_BM=16"]).env
+    assert both == {"DRAFTWISE_MM_CONFIG": "32,128,4,6", "DRAFTWISE_MM_BM": "16"}
