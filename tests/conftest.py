@@ -34,16 +34,18 @@ FULL_ONLY = (
     # draft model and CARD: the same test on the first prompt
     "tests/backends/cuda/test_draft_lm.py::test_draft_model_and_card_identical_to_plain[Write",
     # the GPU kernels under Triton's interpreter (test_rowinv.py's child run, which gets the
-    # parent's -m): every bucket with the attention kernel ([1]), in chunks with the norms
-    # in the GEMMs and split-K ([1:64:1:16]) and in the default chunks with the Triton
-    # RMSNorm ([1:256:0:0:1]); SDPA by the float32 step test's [llama3-0]; that test
-    # keeps every family and each option at least once
+    # parent's -m): every bucket with the attention kernel ([1]) and in chunks with the
+    # norms in the GEMMs and split-K ([1:64:1:16]); SDPA by the float32 step test's
+    # [llama3-0]; that test keeps every family and each option at least once
     "tests/backends/cuda/gpu/test_rowinv.py::test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless[0]",
     "tests/backends/cuda/gpu/test_rowinv.py::test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless[1:0:1]",
     # chunks of 64, and the norms inside the GEMMs: again with split-K in [1:64:1:16]
     "tests/backends/cuda/gpu/test_rowinv.py::test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless[1:64]",
     "tests/backends/cuda/gpu/test_rowinv.py::test_the_step_computes_what_the_torch_fixed_step_does[gemma2-1:64]",
     "tests/backends/cuda/gpu/test_rowinv.py::test_the_step_computes_what_the_torch_fixed_step_does[qwen2-1:0:1]",
+    # the Triton RMSNorm (off by default): its kernel test and the step test [gemma2-1:256:0:0:1]
+    "tests/backends/cuda/gpu/test_rowinv.py::test_a_row_is_bit_equal_in_every_bucket_and_greedy_drafting_is_lossless[1:256:0:0:1]",
+    "tests/backends/cuda/gpu/test_rowinv.py::test_the_step_computes_what_the_torch_fixed_step_does[qwen3-1:256:0:0:1]",
     "tests/backends/cuda/gpu/test_rowinv.py::test_the_step_computes_what_the_torch_fixed_step_does[qwen3-0]",
     "tests/backends/cuda/gpu/test_rowinv.py::test_the_step_computes_what_the_torch_fixed_step_does[gemma2-1:0:1]",
     "tests/backends/cuda/gpu/test_rowinv.py::test_the_step_computes_what_the_torch_fixed_step_does[gemma2-0]",
