@@ -55,7 +55,8 @@ VARIANTS = {
 }
 SMALL_VARIANTS = ("wide 16-row tiles, Triton RMSNorm",)
 VARIANT_ROWS = (1, 4, 16, 64)  # the row counts a variant's curve is timed at
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +90,19 @@ COMMON = dict(model_type="llama", rms_norm_eps=1e-5, max_position_embeddings=131
 DRAFTERS = ("cacheback", "ssd", "auto", "redrafter", "draft:layers=4", "card:layers=4")
 
 
-def _restore(saved: dict[str, str | None]) -> None:
-    """The environment switches as they were before a variant (``--set``'s included)."""
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+@contextmanager
+def switched(env: dict[str, str]) -> Iterator[None]:
+    """``DRAFTWISE_*`` switches set for a block, then as they were (``--set``'s included)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def config_of(shape: str) -> dict[str, Any]:
@@ -238,22 +245,22 @@ class Check:
 
                 fast = be.model.rowinv
                 for name, env in chosen.items():
-                    saved = {k: os.environ.get(k) for k in env}
-                    os.environ.update(env)
+                    # the switches stay set while the step is timed: tiles are chosen at
+                    # the first call of each GEMM (RowInvariant.mm), inside the capture
                     try:
-                        be.graphs = StepGraphs(be.model, kernels="triton")
-                        # the buckets' row counts (1, 4, 16, 64 where they are in the main
-                        # curve's rows): what decides a default, in about half the time
-                        vrows = tuple(r for r in self.args.rows if r in VARIANT_ROWS) or self.args.rows
-                        vcost = measure_cost_curve(be, rows=vrows, contexts=(self.args.context,),
-                                                   reps=self.args.reps)
+                        with switched(env):
+                            be.graphs = StepGraphs(be.model, kernels="triton")
+                            # the buckets' row counts (1, 4, 16, 64 where they are in the
+                            # main curve's rows): what decides a default, in about half the time
+                            vrows = tuple(r for r in self.args.rows if r in VARIANT_ROWS) or self.args.rows
+                            vcost = measure_cost_curve(be, rows=vrows, contexts=(self.args.context,),
+                                                       reps=self.args.reps)
                         variants[name] = {"rows": list(vrows),
                                           "graph_ms": [round(float(x), 3) for x in vcost.ms[0]],
                                           "rows_agree": be.graphs.agree, "buckets": list(be.graphs.buckets)}
                     except Exception as exc:  # reported, the rest of the run goes on
                         variants[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                     finally:
-                        _restore(saved)
                         be.graphs, be.model.rowinv = graphs, fast
             one = ms[0]
             out[shape] = {"rows": list(self.args.rows), "graph_ms": ms, "eager_ms": eager_ms,
@@ -306,21 +313,16 @@ class Check:
         self.rows.append((f"best {shape}", f"{pick or 'the default'}: {pick_ms:.2f} ms at one row"))
         if pick is None:
             return out
-        env = VARIANTS[pick]
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
         first = len(self.rows)
-        try:
+        with switched(VARIANTS[pick]):
             for name, fn in (("identity", self.identity), ("identity-large", self.identity_large),
                              ("probe", self.probe), ("profile", self.profile)):
                 try:
                     out[name] = fn()
                 except Exception as exc:  # reported; the others still run
                     out[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-                    self.rows.append((f"best: {name}", out[name]["error"]))
-        finally:
-            _restore(saved)
-            self.rows[first:] = [(f"best: {k}", v) for k, v in self.rows[first:]]
+                    self.rows.append((name, out[name]["error"]))
+        self.rows[first:] = [(f"best: {k}", v) for k, v in self.rows[first:]]
         return out
 
     def long(self) -> dict[str, Any]:
@@ -343,15 +345,13 @@ class Check:
         for name, env in (("default", {}), ("one program a kv head", {"DRAFTWISE_ATTN_CHUNK": "0"}),
                           ("chunks of 128 slots", {"DRAFTWISE_ATTN_CHUNK": "128"}),
                           ("SDPA", {"DRAFTWISE_TRITON_ATTN": "0"})):
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
             try:
-                if be.graphs is not None:
-                    be.graphs = StepGraphs(be.model, kernels=be.graphs.kernels)
-                cost = measure_cost_curve(be, rows=rows, contexts=contexts, reps=self.args.reps)
+                with switched(env):
+                    if be.graphs is not None:
+                        be.graphs = StepGraphs(be.model, kernels=be.graphs.kernels)
+                    cost = measure_cost_curve(be, rows=rows, contexts=contexts, reps=self.args.reps)
                 out[name] = [[round(float(x), 3) for x in line] for line in cost.ms]
             finally:
-                _restore(saved)
                 if fast is not None:
                     be.model.rowinv = fast
             self.rows.append((f"long {shape}, {name}", "; ".join(
