@@ -146,11 +146,40 @@ def attn_chunk() -> int:
     return int(env)
 
 
+def mm_narrow() -> int:
+    """``DRAFTWISE_MM_NARROW``: GEMMs of at most this many outputs keep the 64-row tiles
+    in calls of up to 16 rows too (0, the default: none do). The same K steps either way.
+
+    >>> mm_narrow()
+    0
+    """
+    env = os.environ.get("DRAFTWISE_MM_NARROW", "").strip() or "0"
+    if not env.isdigit() or int(env) > 1 << 24:
+        raise DraftwiseError(f"DRAFTWISE_MM_NARROW must be a count of outputs (0 or more), got {env!r}")
+    return int(env)
+
+
+def attn_pipe() -> int:
+    """``DRAFTWISE_ATTN_PIPE``: 0 (the default) walks an attention chunk's slot blocks in
+    a loop of constant bounds, each block behind an ``if``; 1-4 walks the same blocks
+    in the same order in a loop bounded by values (the step's last slot), whose K and V
+    loads Triton pipelines that many stages deep: the same bits. GPU only (the
+    interpreter runs 0).
+
+    >>> attn_pipe()
+    0
+    """
+    env = os.environ.get("DRAFTWISE_ATTN_PIPE", "").strip() or "0"
+    if env not in ("0", "1", "2", "3", "4"):
+        raise DraftwiseError(f"DRAFTWISE_ATTN_PIPE must be 0-4 (pipeline stages; 0: off), got {env!r}")
+    return int(env)
+
+
 def switch(name: str, default: bool) -> bool:
     """An on/off environment switch, ``0`` or ``1`` (checked, the bad value named).
 
-    >>> switch("DRAFTWISE_MM_WIDE", False)
-    False
+    >>> switch("DRAFTWISE_MM_WIDE", True)
+    True
     """
     choice = os.environ.get(name, "1" if default else "0")
     if choice not in ("0", "1"):
@@ -191,18 +220,23 @@ class RowInvariant:
         # DRAFTWISE_MM_BM=bucket (the default): 16-row tiles up to 16 rows, 64-row ones above
         # (bit-equal on an H200; StepGraphs.rows_agree drops a bucket where they are not)
         _, self.bm_by_rows = _bm_mode()
-        # DRAFTWISE_MM_WIDE=1: those 16-row tiles 64 outputs wide where a GEMM has one such
-        # tile an SM or more (gate/up, the head): alone on an H200 0.059 ms against 0.067
-        # for the 8B gate/up, 0.238 against 0.293 for its head; off until the step is timed
-        self.wide = switch("DRAFTWISE_MM_WIDE", False)
-        # DRAFTWISE_TRITON_NORM=1: the RMSNorms on ``_rmsnorm`` (one program a row) instead of
-        # torch's fused kernel (65 launches of about 6 us in the 8B one-row step on an
-        # H200); off until timed
-        self.own_norm = switch("DRAFTWISE_TRITON_NORM", False)
+        # DRAFTWISE_MM_WIDE (on by default): those 16-row tiles 64 outputs wide where a GEMM
+        # has one such tile an SM or more (gate/up, the head), and DRAFTWISE_TRITON_NORM (on
+        # by default): the RMSNorms on ``_rmsnorm`` (one program a row) instead of torch's
+        # fused kernel. On an H200 the 8B one-row step took 5.05 ms with both against 5.30
+        # without (16 rows 5.12 against 5.37, 64 rows 5.77 against 6.13; every bucket
+        # agreeing: bench/results/gpu-nvidia-h200/defaults-4)
+        self.wide = switch("DRAFTWISE_MM_WIDE", True)
+        self.own_norm = switch("DRAFTWISE_TRITON_NORM", True)
+        # DRAFTWISE_MM_NARROW=N: GEMMs of at most N outputs keep the 64-row tiles at every
+        # row count (alone on an H200 the 8B o and down projections read 2,755 and 3,457
+        # GB/s at one row in 64-row tiles against 2,616 and 3,170 in 16-row ones)
+        self.narrow = mm_narrow()
         # the attention kernel instead of SDPA (DRAFTWISE_TRITON_ATTN=0 for SDPA): on an H100
         # the 8B shape's one-row step 6.55 ms against SDPA's 7.02 (every bucket agreeing)
         self.attn = switch("DRAFTWISE_TRITON_ATTN", True)
         self.chunk = attn_chunk()
+        self.pipe = 0 if interpret else attn_pipe()
         # RMSNorm inside the GEMMs that read it (DRAFTWISE_NORM_IN_GEMM=1): 65 launches
         # fewer a step of the 8B shape (0.39 ms of kernels on an H200); off until timed
         self.norm_in_gemm = switch("DRAFTWISE_NORM_IN_GEMM", False)
@@ -282,7 +316,7 @@ class RowInvariant:
         c = cfg or self._cfg.get((n, k))
         if c is None:
             c = self._cfg[(n, k)] = config(n, k, self.sms)
-        if self.bm_by_rows and m <= 16 and cfg is None:  # DRAFTWISE_MM_BM=bucket
+        if self.bm_by_rows and m <= 16 and cfg is None and n > self.narrow:  # DRAFTWISE_MM_BM=bucket
             wide = self.wide and n // 64 >= self.sms
             c = replace(c, bm=16, bn=64 if wide else c.bn)
         split = c.split if k % (c.split * c.bk) == 0 else 1
@@ -351,7 +385,7 @@ class RowInvariant:
 
     def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """RMSNorm of rows ``x`` (B, C) with weight ``w`` (C,) and the model's eps: torch's
-        fused kernel (``Llama.norm_rows``), or ``_rmsnorm`` with ``DRAFTWISE_TRITON_NORM=1``."""
+        fused kernel (``Llama.norm_rows``) with ``DRAFTWISE_TRITON_NORM=0``, else ``_rmsnorm``."""
         if not self.own_norm:
             return self.model.norm_rows(x, w)
         if x.stride(-1) != 1:
@@ -465,6 +499,7 @@ class RowInvariant:
             UPCAST=self.interpret,
             BOUNDED=slots is not None,
             SPLIT=split,
+            PIPE=self.pipe,
         )
         if split:
             self.k._attn_combine[(g, tiles)](

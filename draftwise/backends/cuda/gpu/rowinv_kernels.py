@@ -331,6 +331,7 @@ def _attn(
     UPCAST: tl.constexpr,
     BOUNDED: tl.constexpr,
     SPLIT: tl.constexpr,
+    PIPE: tl.constexpr,
 ):
     """Softmax attention of BQ query rows of kv group g over the cache slots, in BS
     slot blocks always in the same order (online softmax): a row's result depends on its
@@ -343,7 +344,8 @@ def _attn(
     writes its running max, sum and unnormalised output to ``part_ptr`` for
     ``_attn_combine`` (flash decoding, with chunks fixed in the slots so that a row's
     bits still cannot depend on the other rows); without it CHUNK = S, one program walks
-    all. q (G, R = REP*B, D) grouped (row j B + b is head g REP + j of step row b, as
+    all. PIPE > 0 (GPU only: the interpreter needs constant loop bounds): the same blocks
+    in a loop bounded by values, its loads pipelined PIPE stages deep. q (G, R = REP*B, D) grouped (row j B + b is head g REP + j of step row b, as
     ``_rope_kv`` writes it); bias (B, S) additive; o (B, H D): the layout the output
     projection reads as plain rows. Gemma-2's soft-capping: cap tanh(s / cap), with
     tanh z = 2 sigmoid(2 z) - 1."""
@@ -365,33 +367,20 @@ def _attn(
     end = S  # (a loop bound read from memory would do, but Triton's CPU interpreter cannot)
     if BOUNDED:
         end = tl.load(slots_ptr + B - 1).to(tl.int32) + 1
-    for i in range(0, CHUNK, BS):
-        s0 = c * CHUNK + i
-        if s0 < end:
-            cols = s0 + tl.arange(0, BS)  # (BS,)
-            c_ok = cols < S
-            k = tl.load(kv_ptr + g * skg + cols[None, :] * sks + d[:, None],
-                        mask=c_ok[None, :] & d_ok[:, None], other=0.0)  # (BD, BS)
-            if UPCAST:
-                k = k.to(tl.float32)
-            sc = tl.dot(q, k) * scale  # (BQ, BS)
-            if SOFTCAP:
-                sc = cap * (2.0 / (1.0 + tl.exp(-2.0 * sc / cap)) - 1.0)
-            sc += tl.load(bias_ptr + b[:, None] * sbr + cols[None, :],
-                          mask=r_ok[:, None] & c_ok[None, :], other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-            p = tl.exp(sc - m_new[:, None])  # (BQ, BS)
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(kv_ptr + skv + g * skg + cols[:, None] * sks + d[None, :],
-                        mask=c_ok[:, None] & d_ok[None, :], other=0.0)  # (BS, BD)
-            if UPCAST:
-                v = v.to(tl.float32)
-                pv = p
-            else:
-                pv = p.to(v.dtype)
-            acc = acc * alpha[:, None] + tl.dot(pv, v)
-            m_i = m_new
+    if PIPE > 0:
+        # the same blocks in the same order (s0 < end, inside chunk c), in a loop whose
+        # bounds are values, so Triton can pipeline the K and V loads PIPE stages deep
+        lo = c * CHUNK
+        hi = tl.minimum(end, lo + CHUNK)
+        for s0 in tl.range(lo, hi, BS, num_stages=PIPE):
+            m_i, l_i, acc = _attn_block(q, kv_ptr, bias_ptr, s0, b, r_ok, d, d_ok, m_i, l_i, acc, g, skv, skg,
+                                        sks, sbr, scale, cap, S, BS, SOFTCAP, UPCAST)
+    else:
+        for i in range(0, CHUNK, BS):
+            s0 = c * CHUNK + i
+            if s0 < end:
+                m_i, l_i, acc = _attn_block(q, kv_ptr, bias_ptr, s0, b, r_ok, d, d_ok, m_i, l_i, acc, g, skv,
+                                            skg, sks, sbr, scale, cap, S, BS, SOFTCAP, UPCAST)
     if SPLIT:
         # part (G, T, NC, BQ, BD + 2) float32: acc, then m and l in the last two columns
         base = part_ptr + ((g * tl.num_programs(1) + t) * tl.num_programs(2) + c) * (BQ * (BD + 2))
@@ -401,6 +390,37 @@ def _attn(
         tl.store(base + q_rows * (BD + 2) + BD + 1, l_i)
     else:
         _write_rows(o_ptr, acc, l_i, g, t, B, R, sor, D, REP, BD, BQ)
+
+
+@triton.jit
+def _attn_block(q, kv_ptr, bias_ptr, s0, b, r_ok, d, d_ok, m_i, l_i, acc, g, skv, skg, sks, sbr, scale, cap,
+                S: tl.constexpr, BS: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr):
+    """One block of BS slots from slot s0 folded into the online softmax of ``_attn``:
+    returns the new running max m_i (BQ,), sum l_i (BQ,) and output acc (BQ, BD)."""
+    cols = s0 + tl.arange(0, BS)  # (BS,)
+    c_ok = cols < S
+    k = tl.load(kv_ptr + g * skg + cols[None, :] * sks + d[:, None],
+                mask=c_ok[None, :] & d_ok[:, None], other=0.0)  # (BD, BS)
+    if UPCAST:
+        k = k.to(tl.float32)
+    sc = tl.dot(q, k) * scale  # (BQ, BS)
+    if SOFTCAP:
+        sc = cap * (2.0 / (1.0 + tl.exp(-2.0 * sc / cap)) - 1.0)
+    sc += tl.load(bias_ptr + b[:, None] * sbr + cols[None, :],
+                  mask=r_ok[:, None] & c_ok[None, :], other=float("-inf")).to(tl.float32)
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    p = tl.exp(sc - m_new[:, None])  # (BQ, BS)
+    alpha = tl.exp(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(kv_ptr + skv + g * skg + cols[:, None] * sks + d[None, :],
+                mask=c_ok[:, None] & d_ok[None, :], other=0.0)  # (BS, BD)
+    if UPCAST:
+        v = v.to(tl.float32)
+        pv = p
+    else:
+        pv = p.to(v.dtype)
+    acc = acc * alpha[:, None] + tl.dot(pv, v)
+    return m_new, l_i, acc
 
 
 @triton.jit

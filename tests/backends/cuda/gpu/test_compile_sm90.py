@@ -78,15 +78,16 @@ def test_every_gemm_tile_of_the_8b_shape_fits_in_shared_memory(bm, tiles, split,
         assert config(4096, 4096, 132).split > 1 and config(4096, 14336, 132).split > 1
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_the_attention_kernels_compile(split):
+@pytest.mark.parametrize("split,pipe,bounded", [(False, 0, True), (True, 0, True), (True, 2, True),
+                                                (False, 3, True), (True, 2, False)])
+def test_the_attention_kernels_compile(split, pipe, bounded):
     from draftwise.backends.cuda.gpu import rowinv_kernels as kern
 
     s = 8256
     ptrs = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "bias_ptr": "*fp32", "o_ptr": "*bf16",
             "slots_ptr": "*i64", "part_ptr": "*fp32"}
     consts = dict(S=s, D=128, REP=4, BD=128, BQ=16, BS=64, CHUNK=256 if split else s, SOFTCAP=False,
-                  UPCAST=False, BOUNDED=True, SPLIT=split)
+                  UPCAST=False, BOUNDED=bounded, SPLIT=split, PIPE=pipe)
     assert _compile(kern._attn, ptrs, consts).metadata.shared <= HOPPER_SMEM
     if split:
         consts = dict(S=s, D=128, REP=4, BD=128, BQ=16, CHUNK=256, NC=-(-s // 256), BOUNDED=True)

@@ -6,6 +6,8 @@ GPU (``test_on_gpu.py``)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -181,9 +183,19 @@ def test_the_triton_switches_are_checked(monkeypatch, model_dir):
     monkeypatch.setenv("DRAFTWISE_MM_WIDE", "yes")
     with pytest.raises(DraftwiseError, match="DRAFTWISE_MM_WIDE must be 0 or 1, got 'yes'"):
         RowInvariant(fixed.model)
-    monkeypatch.setenv("DRAFTWISE_MM_WIDE", "1")
-    assert RowInvariant(fixed.model).wide
+    monkeypatch.setenv("DRAFTWISE_MM_WIDE", "0")
+    assert not RowInvariant(fixed.model).wide
     monkeypatch.delenv("DRAFTWISE_MM_WIDE")
+    assert RowInvariant(fixed.model).wide and RowInvariant(fixed.model).own_norm  # the defaults
+    for name, bad, words in (("DRAFTWISE_MM_NARROW", "4k", "a count of outputs (0 or more)"),
+                             ("DRAFTWISE_ATTN_PIPE", "5", "0-4 (pipeline stages; 0: off)")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(DraftwiseError, match=re.escape(f"{name} must be {words}, got '{bad}'")):
+            RowInvariant(fixed.model)
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("DRAFTWISE_MM_NARROW", "4096")
+    assert RowInvariant(fixed.model).narrow == 4096
+    monkeypatch.delenv("DRAFTWISE_MM_NARROW")
     monkeypatch.setenv("DRAFTWISE_TRITON_NORM", "yes")
     with pytest.raises(DraftwiseError, match="DRAFTWISE_TRITON_NORM must be 0 or 1, got 'yes'"):
         RowInvariant(fixed.model)

@@ -134,7 +134,8 @@ def test_split_k_computes_what_torch_does_and_a_row_keeps_its_bits(split, monkey
 def test_calls_of_up_to_16_rows_take_16_row_tiles_wide_ones_where_asked(monkeypatch):
     """``DRAFTWISE_MM_BM=bucket`` (the default): 16-row tiles up to 16 rows, 64-row ones
     above; ``DRAFTWISE_MM_WIDE=1``: those 16-row tiles 64 outputs wide where the GEMM has
-    one such tile an SM; each computes what torch does (plain and GLU)."""
+    one such tile an SM; ``DRAFTWISE_MM_NARROW``: narrow GEMMs keep 64-row tiles; each
+    computes what torch does (plain and GLU)."""
     monkeypatch.setenv("DRAFTWISE_MM_WIDE", "1")
     torch.manual_seed(4)
     ri = _kernels()
@@ -157,6 +158,9 @@ def test_calls_of_up_to_16_rows_take_16_row_tiles_wide_ones_where_asked(monkeypa
         g, u = (x[:rows] @ w13.T).chunk(2, -1)
         torch.testing.assert_close(ri.mm(x[:rows], w13, glu=True), F.silu(g) * u, atol=1e-4, rtol=1e-5)
     assert seen == [(16, 64)] * 4 + [(64, 32)] * 2
+    ri.narrow = 256  # DRAFTWISE_MM_NARROW=256: this 256-output GEMM keeps its 64-row tiles
+    torch.testing.assert_close(ri.mm(x[:1], w), x[:1] @ w.T, atol=2e-5, rtol=1e-5)
+    assert seen[-1] == (64, 32)
 
 
 @inner
