@@ -47,15 +47,12 @@ import traceback
 # the default step (64-row GEMM tiles, the attention kernel) against the earlier choices
 VARIANTS = {
     # on top of the default (or --set); the earlier calls' variants are in this file's history
-    "64-row tiles for N <= 4096": {"DRAFTWISE_MM_NARROW": "4096"},
-    "64-row tiles for N <= 6144": {"DRAFTWISE_MM_NARROW": "6144"},
-    "attention pipelined, 2 stages": {"DRAFTWISE_ATTN_PIPE": "2"},
+    "PDL": {"DRAFTWISE_PDL": "1"},
     "attention pipelined, 3 stages": {"DRAFTWISE_ATTN_PIPE": "3"},
-    "pipelined 2, chunks of 128": {"DRAFTWISE_ATTN_PIPE": "2", "DRAFTWISE_ATTN_CHUNK": "128"},
-    "pipelined 2, N <= 4096": {"DRAFTWISE_ATTN_PIPE": "2", "DRAFTWISE_MM_NARROW": "4096"},
-    "pipelined 2, N <= 6144": {"DRAFTWISE_ATTN_PIPE": "2", "DRAFTWISE_MM_NARROW": "6144"},
+    "PDL, pipelined 3": {"DRAFTWISE_PDL": "1", "DRAFTWISE_ATTN_PIPE": "3"},
+    "PDL, chunks of 128": {"DRAFTWISE_PDL": "1", "DRAFTWISE_ATTN_CHUNK": "128"},
 }
-SMALL_VARIANTS = ("pipelined 2, N <= 4096",)
+SMALL_VARIANTS = ("PDL",)
 VARIANT_ROWS = (1, 4, 16, 64)  # the row counts a variant's curve is timed at
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager

@@ -148,28 +148,29 @@ def attn_chunk() -> int:
 
 def mm_narrow() -> int:
     """``DRAFTWISE_MM_NARROW``: GEMMs of at most this many outputs keep the 64-row tiles
-    in calls of up to 16 rows too (0, the default: none do). The same K steps either way.
+    in calls of up to 16 rows too (4096 by default: the 8B shape's o and down
+    projections; 0: none do). The same K steps either way.
 
     >>> mm_narrow()
-    0
+    4096
     """
-    env = os.environ.get("DRAFTWISE_MM_NARROW", "").strip() or "0"
+    env = os.environ.get("DRAFTWISE_MM_NARROW", "").strip() or "4096"
     if not env.isdigit() or int(env) > 1 << 24:
         raise DraftwiseError(f"DRAFTWISE_MM_NARROW must be a count of outputs (0 or more), got {env!r}")
     return int(env)
 
 
 def attn_pipe() -> int:
-    """``DRAFTWISE_ATTN_PIPE``: 0 (the default) walks an attention chunk's slot blocks in
-    a loop of constant bounds, each block behind an ``if``; 1-4 walks the same blocks
-    in the same order in a loop bounded by values (the step's last slot), whose K and V
-    loads Triton pipelines that many stages deep: the same bits. GPU only (the
+    """``DRAFTWISE_ATTN_PIPE``: 1-4 (2 by default) walks an attention chunk's slot
+    blocks in a loop bounded by values (the step's last slot), whose K and V loads
+    Triton pipelines that many stages deep; 0 walks the same blocks in the same order in
+    a loop of constant bounds, each block behind an ``if``: the same bits. GPU only (the
     interpreter runs 0).
 
     >>> attn_pipe()
-    0
+    2
     """
-    env = os.environ.get("DRAFTWISE_ATTN_PIPE", "").strip() or "0"
+    env = os.environ.get("DRAFTWISE_ATTN_PIPE", "").strip() or "2"
     if env not in ("0", "1", "2", "3", "4"):
         raise DraftwiseError(f"DRAFTWISE_ATTN_PIPE must be 0-4 (pipeline stages; 0: off), got {env!r}")
     return int(env)
@@ -230,8 +231,16 @@ class RowInvariant:
         self.own_norm = switch("DRAFTWISE_TRITON_NORM", True)
         # DRAFTWISE_MM_NARROW=N: GEMMs of at most N outputs keep the 64-row tiles at every
         # row count (alone on an H200 the 8B o and down projections read 2,755 and 3,457
-        # GB/s at one row in 64-row tiles against 2,616 and 3,170 in 16-row ones)
+        # GB/s at one row in 64-row tiles against 2,616 and 3,170 in 16-row ones). With it
+        # and the pipelined attention loop (DRAFTWISE_ATTN_PIPE) the 8B one-row step took
+        # 4.76 ms against 4.94 (16 rows 4.84 against 4.96, 64 rows 5.56 against 5.75; every
+        # bucket agreeing, identity on 1B and 8B: bench/results/gpu-nvidia-h200/defaults-5)
         self.narrow = mm_narrow()
+        # DRAFTWISE_PDL=1 (Hopper and later): every kernel launched with programmatic
+        # dependent launch, so it is scheduled while the one before drains, and waits for
+        # that one's writes (``gdc_wait``) before it reads anything; off until timed
+        hopper = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+        self.pdl = switch("DRAFTWISE_PDL", False) and hopper and not interpret
         # the attention kernel instead of SDPA (DRAFTWISE_TRITON_ATTN=0 for SDPA): on an H100
         # the 8B shape's one-row step 6.55 ms against SDPA's 7.02 (every bucket agreeing)
         self.attn = switch("DRAFTWISE_TRITON_ATTN", True)
@@ -358,8 +367,10 @@ class RowInvariant:
             BN=c.bn,
             BK=c.bk,
             SPLIT=split,
+            PDL=self.pdl,
             num_warps=c.warps,
             num_stages=c.stages,
+            launch_pdl=self.pdl,
         )
         if split > 1:
             self.k._mm_reduce[(triton_cdiv(m, 16), triton_cdiv(n, 64))](
@@ -380,6 +391,8 @@ class RowInvariant:
                 SPLIT=split,
                 BM=16,
                 BN=64,
+                PDL=self.pdl,
+                launch_pdl=self.pdl,
             )
         return out
 
@@ -393,7 +406,7 @@ class RowInvariant:
         b, c = x.shape
         out = torch.empty_like(x)
         self.k._rmsnorm[(b,)](x, w, out, float(self.model.cfg.norm_eps), c, x.stride(0), out.stride(0),
-                              BC=triton_next_pow2(c))
+                              BC=triton_next_pow2(c), PDL=self.pdl, launch_pdl=self.pdl)
         return out
 
     def rope_kv(
@@ -440,6 +453,8 @@ class RowInvariant:
             R=cfg.rot_dim,
             REP=rep,
             BD=triton_next_pow2(d),
+            PDL=self.pdl,
+            launch_pdl=self.pdl,
         )
         return q
 
@@ -500,11 +515,14 @@ class RowInvariant:
             BOUNDED=slots is not None,
             SPLIT=split,
             PIPE=self.pipe,
+            PDL=self.pdl,
+            launch_pdl=self.pdl,
         )
         if split:
             self.k._attn_combine[(g, tiles)](
                 part, out, bound, b, r, out.stride(0),
                 S=s, D=d, REP=rep, BD=bd, BQ=BQ, CHUNK=chunk, NC=nc, BOUNDED=slots is not None,
+                PDL=self.pdl, launch_pdl=self.pdl,
             )
         return out
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 
 @triton.jit
@@ -73,6 +74,7 @@ def _mm(
     BN: tl.constexpr,
     BK: tl.constexpr,
     SPLIT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out (M, N) = epilogue(x (M, K) @ w[:N] (N, K).T); see the module docstring.
     ACT: 0 none, 1 silu, 2 gelu (tanh); with ACT the up half is w[up_off : up_off + N].
@@ -88,6 +90,8 @@ def _mm(
     applies the epilogue. More programs, each a shorter walk: a one-row GEMM whose few
     weight tiles leave SMs idle or waiting reads its weight sooner. The split depends on
     (N, K) only, so a row's sum is still the same additions whatever M is."""
+    if PDL:  # launched while the previous kernel drains: wait for its writes first
+        gdc_wait()
     pid = tl.program_id(0)
     pid_k = 0
     if SPLIT > 1:
@@ -185,9 +189,12 @@ def _mm_reduce(
     SPLIT: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """``_mm``'s SPLIT parts of K added in order 0..SPLIT-1 (element by element: the tile
     shape here changes no bit), then its epilogue."""
+    if PDL:  # launched while the previous kernel drains: wait for its writes first
+        gdc_wait()
     rm = tl.program_id(0) * BM + tl.arange(0, BM)  # (BM,)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)  # (BN,)
     m_ok = rm < M
@@ -267,12 +274,15 @@ def _rope_kv(
     R: tl.constexpr,
     REP: tl.constexpr,
     BD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (row b, head j): j < H a q head, H <= j < H + HKV a k head, then the v
     heads. q and k turn by RoPE at the row's position (the first R dims; cos and the
     signed sin from the (S, R) tables), as ``x cos + roll(x) sin`` rounded as the torch
     step does; q goes to ``q`` (G, REP*B, D) grouped per kv head, k and v to the cache
     (2, HKV, S, D) at the row's slot."""
+    if PDL:  # launched while the previous kernel drains: wait for its writes first
+        gdc_wait()
     b = tl.program_id(0)
     j = tl.program_id(1)
     d = tl.arange(0, BD)
@@ -332,6 +342,7 @@ def _attn(
     BOUNDED: tl.constexpr,
     SPLIT: tl.constexpr,
     PIPE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Softmax attention of BQ query rows of kv group g over the cache slots, in BS
     slot blocks always in the same order (online softmax): a row's result depends on its
@@ -349,6 +360,8 @@ def _attn(
     ``_rope_kv`` writes it); bias (B, S) additive; o (B, H D): the layout the output
     projection reads as plain rows. Gemma-2's soft-capping: cap tanh(s / cap), with
     tanh z = 2 sigmoid(2 z) - 1."""
+    if PDL:  # launched while the previous kernel drains: wait for its writes first
+        gdc_wait()
     g = tl.program_id(0)
     t = tl.program_id(1)
     c = tl.program_id(2)
@@ -453,11 +466,14 @@ def _attn_combine(
     CHUNK: tl.constexpr,
     NC: tl.constexpr,
     BOUNDED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The NC chunks ``_attn`` (SPLIT) wrote for BQ query rows of group g, merged in
     chunk order, always the same order. A chunk past the step's last row slot was not
     written and is skipped; that changes no bit, since its weight would be
     exp(-1e30 - m) = 0 (the bias hides all of its slots)."""
+    if PDL:  # launched while the previous kernel drains: wait for its writes first
+        gdc_wait()
     g = tl.program_id(0)
     t = tl.program_id(1)
     d = tl.arange(0, BD)
@@ -484,10 +500,12 @@ def _attn_combine(
 
 
 @triton.jit
-def _rmsnorm(x_ptr, w_ptr, out_ptr, eps, C: tl.constexpr, sx, so, BC: tl.constexpr):
+def _rmsnorm(x_ptr, w_ptr, out_ptr, eps, C: tl.constexpr, sx, so, BC: tl.constexpr, PDL: tl.constexpr):
     """Program b: RMSNorm of row b of x (B, C) with weight w (C,): x / sqrt(mean(x^2) + eps)
     * w in float32, rounded once, as torch's fused ``F.rms_norm`` computes it. A row's
     sum runs in one fixed order (BC, a power of two >= C, depends on C only)."""
+    if PDL:  # launched while the previous kernel drains: wait for its writes first
+        gdc_wait()
     b = tl.program_id(0)
     c = tl.arange(0, BC)
     ok = c < C

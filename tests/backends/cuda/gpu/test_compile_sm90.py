@@ -57,12 +57,13 @@ def test_every_gemm_tile_of_the_8b_shape_fits_in_shared_memory(bm, tiles, split,
         seen.add(key)
         # the residual-adding GEMMs, and those reading an RMSNorm's input (DRAFTWISE_NORM_IN_GEMM)
         consts = dict(K=k, A_HEADS=False, HD=128, REP=4, HAS_BIAS=False, ACT=act, HAS_RES=act == 0 and n == 4096,
-                      NORM=n != 4096, EVEN_K=True, UPCAST=False, BM=c.bm, BN=c.bn, BK=c.bk, SPLIT=c.split)
+                      NORM=n != 4096, EVEN_K=True, UPCAST=False, BM=c.bm, BN=c.bn, BK=c.bk, SPLIT=c.split,
+                      PDL=False)
         out = _compile(kern._mm, MM_PTRS, consts, aligned=("N", "M", "sxm", "swn", "som", "srm", "up_off"),
                        num_warps=c.warps, num_stages=c.stages)
         assert out.metadata.shared <= HOPPER_SMEM, (key, out.metadata.shared)
         if c.split > 1:
-            red = {k: consts[k] for k in ("K", "HAS_BIAS", "ACT", "HAS_RES", "NORM", "SPLIT")}
+            red = {k: consts[k] for k in ("K", "HAS_BIAS", "ACT", "HAS_RES", "NORM", "SPLIT", "PDL")}
             _compile(kern._mm_reduce, {"ws_ptr": "*fp32", "out_ptr": "*bf16", "res_ptr": "*bf16",
                                        "bias_ptr": "*bf16"}, {**red, "BM": 16, "BN": 64},
                      aligned=("N", "M", "som", "srm"))
@@ -70,27 +71,30 @@ def test_every_gemm_tile_of_the_8b_shape_fits_in_shared_memory(bm, tiles, split,
         for act, wide in ((1, True), (0, True), (1, False)):  # gate/up, the head (DRAFTWISE_MM_WIDE)
             c = config(14336 if act else 128256, 4096, sms=132)
             consts = dict(K=4096, A_HEADS=False, HD=128, REP=4, HAS_BIAS=False, ACT=act, HAS_RES=False,
-                          NORM=False, EVEN_K=True, UPCAST=False, BM=16, BN=64 if wide else c.bn, BK=c.bk, SPLIT=1)
+                          NORM=False, EVEN_K=True, UPCAST=False, BM=16, BN=64 if wide else c.bn, BK=c.bk, SPLIT=1,
+                          PDL=wide)
             out = _compile(kern._mm, MM_PTRS, consts, aligned=("N", "M", "sxm", "swn", "som", "srm", "up_off"),
-                           num_warps=c.warps, num_stages=c.stages)
+                           num_warps=c.warps, num_stages=c.stages, launch_pdl=wide)
             assert out.metadata.shared <= HOPPER_SMEM, (act, wide, out.metadata.shared)
+            assert ("griddepcontrol.wait" in out.asm["ptx"]) == wide  # DRAFTWISE_PDL's wait
     if split != "0":  # the 8B shape's o and down projections do split
         assert config(4096, 4096, 132).split > 1 and config(4096, 14336, 132).split > 1
 
 
-@pytest.mark.parametrize("split,pipe,bounded", [(False, 0, True), (True, 0, True), (True, 2, True),
-                                                (False, 3, True), (True, 2, False)])
-def test_the_attention_kernels_compile(split, pipe, bounded):
+@pytest.mark.parametrize("split,pipe,bounded,pdl", [(False, 0, True, False), (True, 0, True, False),
+                                                    (True, 2, True, True), (False, 3, True, False),
+                                                    (True, 2, False, False)])
+def test_the_attention_kernels_compile(split, pipe, bounded, pdl):
     from draftwise.backends.cuda.gpu import rowinv_kernels as kern
 
     s = 8256
     ptrs = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "bias_ptr": "*fp32", "o_ptr": "*bf16",
             "slots_ptr": "*i64", "part_ptr": "*fp32"}
     consts = dict(S=s, D=128, REP=4, BD=128, BQ=16, BS=64, CHUNK=256 if split else s, SOFTCAP=False,
-                  UPCAST=False, BOUNDED=bounded, SPLIT=split, PIPE=pipe)
+                  UPCAST=False, BOUNDED=bounded, SPLIT=split, PIPE=pipe, PDL=pdl)
     assert _compile(kern._attn, ptrs, consts).metadata.shared <= HOPPER_SMEM
     if split:
-        consts = dict(S=s, D=128, REP=4, BD=128, BQ=16, CHUNK=256, NC=-(-s // 256), BOUNDED=True)
+        consts = dict(S=s, D=128, REP=4, BD=128, BQ=16, CHUNK=256, NC=-(-s // 256), BOUNDED=True, PDL=pdl)
         _compile(kern._attn_combine, {"part_ptr": "*fp32", "o_ptr": "*bf16", "slots_ptr": "*i64"}, consts)
 
 
@@ -98,4 +102,4 @@ def test_the_rmsnorm_kernel_compiles():
     from draftwise.backends.cuda.gpu import rowinv_kernels as kern
 
     _compile(kern._rmsnorm, {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16"},
-             dict(C=4096, BC=4096), aligned=("sx", "so"))
+             dict(C=4096, BC=4096, PDL=True), aligned=("sx", "so"), launch_pdl=True)

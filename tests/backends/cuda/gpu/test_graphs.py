@@ -193,9 +193,16 @@ def test_the_triton_switches_are_checked(monkeypatch, model_dir):
         with pytest.raises(DraftwiseError, match=re.escape(f"{name} must be {words}, got '{bad}'")):
             RowInvariant(fixed.model)
         monkeypatch.delenv(name)
-    monkeypatch.setenv("DRAFTWISE_MM_NARROW", "4096")
-    assert RowInvariant(fixed.model).narrow == 4096
+    monkeypatch.setenv("DRAFTWISE_MM_NARROW", "0")
+    assert RowInvariant(fixed.model).narrow == 0
     monkeypatch.delenv("DRAFTWISE_MM_NARROW")
+    assert RowInvariant(fixed.model).narrow == 4096  # the default
+    monkeypatch.setenv("DRAFTWISE_PDL", "1")
+    assert not RowInvariant(fixed.model).pdl  # Hopper only, never under the interpreter
+    monkeypatch.setenv("DRAFTWISE_PDL", "on")
+    with pytest.raises(DraftwiseError, match="DRAFTWISE_PDL must be 0 or 1, got 'on'"):
+        RowInvariant(fixed.model)
+    monkeypatch.delenv("DRAFTWISE_PDL")
     monkeypatch.setenv("DRAFTWISE_TRITON_NORM", "yes")
     with pytest.raises(DraftwiseError, match="DRAFTWISE_TRITON_NORM must be 0 or 1, got 'yes'"):
         RowInvariant(fixed.model)

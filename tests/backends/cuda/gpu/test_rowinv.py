@@ -137,6 +137,7 @@ def test_calls_of_up_to_16_rows_take_16_row_tiles_wide_ones_where_asked(monkeypa
     one such tile an SM; ``DRAFTWISE_MM_NARROW``: narrow GEMMs keep 64-row tiles; each
     computes what torch does (plain and GLU)."""
     monkeypatch.setenv("DRAFTWISE_MM_WIDE", "1")
+    monkeypatch.setenv("DRAFTWISE_MM_NARROW", "0")  # the default keeps GEMMs this narrow at 64
     torch.manual_seed(4)
     ri = _kernels()
     assert ri.bm_by_rows and ri.wide
