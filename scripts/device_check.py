@@ -47,12 +47,11 @@ import traceback
 # the default step (64-row GEMM tiles, the attention kernel) against the earlier choices
 VARIANTS = {
     # on top of the default (or --set); the earlier calls' variants are in this file's history
-    "PDL": {"DRAFTWISE_PDL": "1"},
+    "PDL off": {"DRAFTWISE_PDL": "0"},
+    "chunks of 256": {"DRAFTWISE_ATTN_CHUNK": "256"},
     "attention pipelined, 3 stages": {"DRAFTWISE_ATTN_PIPE": "3"},
-    "PDL, pipelined 3": {"DRAFTWISE_PDL": "1", "DRAFTWISE_ATTN_PIPE": "3"},
-    "PDL, chunks of 128": {"DRAFTWISE_PDL": "1", "DRAFTWISE_ATTN_CHUNK": "128"},
 }
-SMALL_VARIANTS = ("PDL",)
+SMALL_VARIANTS = ("PDL off",)
 VARIANT_ROWS = (1, 4, 16, 64)  # the row counts a variant's curve is timed at
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager

@@ -60,3 +60,48 @@ def test_a_device_check_curve_or_one_of_its_variants_is_read(tmp_path):
                       (f"{tmp_path}/none.json:tiny", "with an existing file")):
         with pytest.raises(SystemExit, match=says):
             mod.read_curve(bad)
+
+
+def test_bookkeeping_runs_inside_the_verify_and_hides_under_it_only_on_a_device_curve():
+    """With a GPU's curve (``overlap``) the oracle runs the decoder's ``while_waiting``
+    inside each verify, as the CUDA backend does, and takes up to the verify's priced
+    ms of it off the critical path (``hidden_ms``); without, it runs after the verify
+    and nothing is hidden. The tokens are the same either way."""
+    import time
+
+    from draftwise.core.drafters.cacheback import Cacheback
+
+    be = FakeBackend(vocab_size=6, sharpness=4.0)
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    plain = [t for s in Decoder(be).steps(prompt, NoDrafter(), SamplingParams(), 40) for t in s.tokens]
+    outs, hidden = [], []
+    for overlap in (True, False):
+        oracle = _oracle_cls()(6, 512, CostModel(rows=[1, 64], ms=[10.0, 73.0]))
+        oracle.seq, oracle.overlap = prompt + plain, overlap
+        where = []
+
+        class Busy(Cacheback):
+            def background(self) -> None:  # 2 ms of CPU time, noting whether a verify is on
+                where.append(oracle.in_verify)
+                t0 = time.process_time()
+                while time.process_time() - t0 < 0.002:
+                    pass
+
+        real_verify = oracle.verify
+
+        def verify(*a, **kw):
+            oracle.in_verify = True
+            try:
+                return real_verify(*a, **kw)
+            finally:
+                oracle.in_verify = False
+
+        oracle.in_verify, oracle.verify = False, verify
+        steps = list(Decoder(oracle).steps(prompt, Busy(), SamplingParams(), 40))
+        outs.append([t for s in steps for t in s.tokens])
+        hidden.append(oracle.hidden_ms)
+        assert where == [overlap] * len(steps)  # once a step, inside the verify or after it
+        if overlap:  # each 2 ms under a verify priced at 10 ms or more: all of it hidden
+            assert 2.0 * len(steps) * 0.95 <= oracle.hidden_ms <= 10.0 * len(steps)
+    assert outs[0] == outs[1] == plain[: len(outs[0])]
+    assert hidden[1] == 0.0

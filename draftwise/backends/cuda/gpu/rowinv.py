@@ -127,23 +127,45 @@ def mm_split(n: int, k: int, c: MMConfig, sms: int = 132) -> int:
     return split
 
 
-def attn_chunk() -> int:
-    """``DRAFTWISE_ATTN_CHUNK``: cache slots per program of the attention kernel, a
-    multiple of ``ATTN_BS`` (256 by default; 0: one program walks every slot of its
-    rows). Programs walk the chunks side by side and a second kernel merges them in a
-    fixed order (flash decoding), so long contexts take as many programs as chunks. On an
-    H200 (Llama-3.1-8B, 8,192-slot limit) the one-row step took 6.53 ms at context 7,936
-    against 13.83 with one program a kv head, and 6.05 against 6.40 at context 512.
+SMALL_CACHE = 2048  # caches of up to this many slots take attention chunks of 128, larger 256
 
-    >>> attn_chunk()
-    256
+
+def attn_chunk() -> int | None:
+    """``DRAFTWISE_ATTN_CHUNK``: cache slots per program of the attention kernel, a
+    multiple of ``ATTN_BS`` (0: one program walks every slot of its rows); unset: by the
+    cache's size (``chunk_slots``). Programs walk the chunks side by side and a second
+    kernel merges them in a fixed order (flash decoding), so long contexts take as many
+    programs as chunks. A row's bits depend on the chunk, which is fixed by the cache's
+    size, never by the step's rows.
+
+    >>> attn_chunk() is None
+    True
     """
-    env = os.environ.get("DRAFTWISE_ATTN_CHUNK", "").strip() or "256"
+    env = os.environ.get("DRAFTWISE_ATTN_CHUNK", "").strip()
+    if not env:
+        return None
     if not env.isdigit() or int(env) % ATTN_BS or int(env) > 1 << 20:
         raise DraftwiseError(
             f"DRAFTWISE_ATTN_CHUNK must be 0 or a multiple of {ATTN_BS} slots, got {env!r}"
         )
     return int(env)
+
+
+def chunk_slots(chunk: int | None, slots: int) -> int:
+    """The attention chunk for a cache of ``slots`` slots: ``chunk`` where set
+    (``attn_chunk``), else 128 slots up to ``SMALL_CACHE`` slots and 256 above. On an
+    H200 (Llama-3.1-8B) the one-row step took 4.68 ms in chunks of 128 against 4.91 in
+    chunks of 256 at context 512 (a 640-slot cache; bench/results/gpu-nvidia-h200/
+    defaults-6), and 6.12 ms in chunks of 256 against 6.85 in chunks of 128 at context
+    7,936 of an 8,192-slot cache (defaults-4, before the pipelined loop), where the merge
+    walks twice the chunks; one program a kv head took 13.9 ms there.
+
+    >>> chunk_slots(None, 640), chunk_slots(None, 8192), chunk_slots(64, 8192)
+    (128, 256, 64)
+    """
+    if chunk is not None:
+        return chunk
+    return 128 if slots <= SMALL_CACHE else 256
 
 
 def mm_narrow() -> int:
@@ -236,11 +258,13 @@ class RowInvariant:
         # 4.76 ms against 4.94 (16 rows 4.84 against 4.96, 64 rows 5.56 against 5.75; every
         # bucket agreeing, identity on 1B and 8B: bench/results/gpu-nvidia-h200/defaults-5)
         self.narrow = mm_narrow()
-        # DRAFTWISE_PDL=1 (Hopper and later): every kernel launched with programmatic
-        # dependent launch, so it is scheduled while the one before drains, and waits for
-        # that one's writes (``gdc_wait``) before it reads anything; off until timed
+        # DRAFTWISE_PDL (on by default, Hopper and later): every kernel launched with
+        # programmatic dependent launch, so it is scheduled while the one before drains,
+        # and waits for that one's writes (``gdc_wait``) before it reads anything. On an
+        # H200 the 1B one-row step took 1.32 ms against 1.47, the 8B one 4.93 against 4.91;
+        # with attention chunks of 128 the 8B one 4.68 (bench/results/gpu-nvidia-h200/defaults-6)
         hopper = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
-        self.pdl = switch("DRAFTWISE_PDL", False) and hopper and not interpret
+        self.pdl = switch("DRAFTWISE_PDL", True) and hopper and not interpret
         # the attention kernel instead of SDPA (DRAFTWISE_TRITON_ATTN=0 for SDPA): on an H100
         # the 8B shape's one-row step 6.55 ms against SDPA's 7.02 (every bucket agreeing)
         self.attn = switch("DRAFTWISE_TRITON_ATTN", True)
@@ -479,8 +503,9 @@ class RowInvariant:
         scale = cfg.attn_scale if cfg.attn_scale is not None else d**-0.5
         cap = cfg.attn_softcap
         bd, tiles = max(16, triton_next_pow2(d)), triton_cdiv(r, BQ)
-        split = 0 < self.chunk < s
-        chunk = self.chunk if split else s
+        chunk = chunk_slots(self.chunk, s)
+        split = 0 < chunk < s
+        chunk = chunk if split else s
         nc = triton_cdiv(s, chunk)
         # the chunks' running max, sum and unnormalised output: (G, T, NC, BQ, BD + 2)
         part = torch.empty((g, tiles, nc, BQ, bd + 2), dtype=torch.float32, device=q.device) if split else out
