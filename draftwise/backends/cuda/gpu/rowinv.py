@@ -5,12 +5,13 @@ only the buckets whose rows compute bit-equal to the largest bucket's. With cuBL
 Llama-3.1-8B shape kept only 64 (a split-K GEMM at other row counts), so a plain step
 paid for 64 rows. Here every linear layer is ``_mm``, whose reduction order is fixed by
 (N, K) alone, so every bucket computes a row the same way and a plain step runs 1 row
-(measured on an H200, Llama-3.1-8B shape: 5.45 / 5.42 / 6.10 ms a step at 1 / 16 / 64
-rows, against 6.98 with every step at cuBLAS's 64 rows).
-A layer also launches fewer kernels (9 instead of about 19): the RMSNorm, the q/k/v
-projection (bias fused), RoPE with the K/V write, attention in slot chunks and their
-merge, the output projection with the residual add fused, the RMSNorm, the gate/up
-projection with ``act(gate) * up`` fused, and the down projection with the residual add.
+(measured on an H200, Llama-3.1-8B shape: 4.68 / 4.71 / 5.54 ms a step at 1 / 16 / 64
+rows, against 7.30 with every step at cuBLAS's 64 rows: bench/results/gpu-nvidia-h200/
+defaults-6). A layer also launches fewer kernels (9 instead of about 19): the RMSNorm,
+the q/k/v projection (bias fused), RoPE with the K/V write, attention in slot chunks and
+their merge, the output projection with the residual add fused, the RMSNorm, the
+gate/up projection with ``act(gate) * up`` fused, and the down projection with the
+residual add.
 
 Used on CUDA when Triton imports and ``DRAFTWISE_TRITON`` is not ``0``
 (``RowInvariant.build``); the torch step stays the reference and the fallback. On CPU

@@ -25,6 +25,11 @@ These kernels fix the reduction order by construction, as batch-invariant kernel
 - ``_rope_kv``: RoPE of q and k (rotate-half, full or partial), q written in the
   grouped layout attention reads, k and v written into the cache at their slots: one
   launch where the torch step takes five to seven.
+- ``_rmsnorm``: one program a row, its sum in one fixed order.
+
+``PDL`` (Hopper, ``DRAFTWISE_PDL``): each kernel is launched with programmatic dependent
+launch and first waits (``gdc_wait``) for the kernel before it, so its launch overlaps
+that kernel's tail and it never reads or writes before that kernel's writes are done.
 
 Rounding follows the torch step's bf16 order where it is cheap to (the gate and up
 rounded before the activation, the projection before the residual add), so results are
@@ -356,8 +361,8 @@ def _attn(
     ``_attn_combine`` (flash decoding, with chunks fixed in the slots so that a row's
     bits still cannot depend on the other rows); without it CHUNK = S, one program walks
     all. PIPE > 0 (GPU only: the interpreter needs constant loop bounds): the same blocks
-    in a loop bounded by values, its loads pipelined PIPE stages deep. q (G, R = REP*B, D) grouped (row j B + b is head g REP + j of step row b, as
-    ``_rope_kv`` writes it); bias (B, S) additive; o (B, H D): the layout the output
+    in a loop bounded by values, its loads pipelined PIPE stages deep. q (G, R = REP*B,
+    D) grouped (row j B + b is head g REP + j of step row b, as ``_rope_kv`` writes it); bias (B, S) additive; o (B, H D): the layout the output
     projection reads as plain rows. Gemma-2's soft-capping: cap tanh(s / cap), with
     tanh z = 2 sigmoid(2 z) - 1."""
     if PDL:  # launched while the previous kernel drains: wait for its writes first
