@@ -266,6 +266,7 @@ class RowInvariant:
         # with attention chunks of 128 the 8B one 4.68 (bench/results/gpu-nvidia-h200/defaults-6)
         hopper = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
         self.pdl = switch("DRAFTWISE_PDL", True) and hopper and not interpret
+        self.launch = {"PDL": self.pdl, "launch_pdl": self.pdl}  # every launcher's PDL arguments
         # the attention kernel instead of SDPA (DRAFTWISE_TRITON_ATTN=0 for SDPA): on an H100
         # the 8B shape's one-row step 6.55 ms against SDPA's 7.02 (every bucket agreeing)
         self.attn = switch("DRAFTWISE_TRITON_ATTN", True)
@@ -392,10 +393,9 @@ class RowInvariant:
             BN=c.bn,
             BK=c.bk,
             SPLIT=split,
-            PDL=self.pdl,
             num_warps=c.warps,
             num_stages=c.stages,
-            launch_pdl=self.pdl,
+            **self.launch,
         )
         if split > 1:
             self.k._mm_reduce[(triton_cdiv(m, 16), triton_cdiv(n, 64))](
@@ -416,8 +416,7 @@ class RowInvariant:
                 SPLIT=split,
                 BM=16,
                 BN=64,
-                PDL=self.pdl,
-                launch_pdl=self.pdl,
+                **self.launch,
             )
         return out
 
@@ -431,7 +430,7 @@ class RowInvariant:
         b, c = x.shape
         out = torch.empty_like(x)
         self.k._rmsnorm[(b,)](x, w, out, float(self.model.cfg.norm_eps), c, x.stride(0), out.stride(0),
-                              BC=triton_next_pow2(c), PDL=self.pdl, launch_pdl=self.pdl)
+                              BC=triton_next_pow2(c), **self.launch)
         return out
 
     def rope_kv(
@@ -478,8 +477,7 @@ class RowInvariant:
             R=cfg.rot_dim,
             REP=rep,
             BD=triton_next_pow2(d),
-            PDL=self.pdl,
-            launch_pdl=self.pdl,
+            **self.launch,
         )
         return q
 
@@ -541,14 +539,13 @@ class RowInvariant:
             BOUNDED=slots is not None,
             SPLIT=split,
             PIPE=self.pipe,
-            PDL=self.pdl,
-            launch_pdl=self.pdl,
+            **self.launch,
         )
         if split:
             self.k._attn_combine[(g, tiles)](
                 part, out, bound, b, r, out.stride(0),
                 S=s, D=d, REP=rep, BD=bd, BQ=BQ, CHUNK=chunk, NC=nc, BOUNDED=slots is not None,
-                PDL=self.pdl, launch_pdl=self.pdl,
+                **self.launch,
             )
         return out
 
