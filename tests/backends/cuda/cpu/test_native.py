@@ -181,3 +181,33 @@ def test_every_kernel_source_ships_in_the_package():
     for f in (*native.SOURCES, *native.HEADERS):
         rel = f.relative_to(pkg).as_posix()
         assert any(fnmatch.fnmatch(rel, g) for g in globs), f"{rel} is not package data"
+
+
+@pytest.mark.parametrize("head", [64, 128])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_grouped_queries_have_the_bits_of_one_row_head_a_task(lib, kv_dtype, head):
+    """The AVX2 path verifies two rows or more of head size 64 or 128 with a key/value
+    head's queries in groups (``group_rows8``: each key widened once for 2 or 4
+    queries). Every query must keep the bits of the (row, head) tasks: committed keys
+    that end inside a block of 8 and in whole blocks, 1 to 13 tree rows (groups of 4, 2
+    and a single query), 1 and 2 threads."""
+    if not lib.dw_attention_group(-1):
+        pytest.skip("this build has no AVX2 grouped path (AVX-512, or no AVX2)")
+    old = torch.get_num_threads()
+    try:
+        for committed in (0, 5, 8, 203, 517):
+            for n in (1, 2, 3, 5, 13):
+                rows = _rows(committed, n, np.random.default_rng(committed + n))
+                q, kv = _case(committed + n, committed, rows, head)
+                kv = kv.to(kv_dtype)
+                tables = _extra(make_plan(committed, rows, torch.device("cpu"), lib))
+                for threads in (1, 2):
+                    torch.set_num_threads(threads)
+                    got = {}
+                    for grouped in (0, 1):
+                        lib.dw_attention_group(grouped)
+                        got[grouped] = native.native_attention(lib, q, kv, committed, *tables)
+                    assert torch.equal(got[0], got[1]), (committed, n, threads)
+    finally:
+        lib.dw_attention_group(1)
+        torch.set_num_threads(old)

@@ -384,8 +384,9 @@ static int head_rows_vec(const float *qh, int64_t ld, const void *K, const void 
 #elif defined(__AVX2__) && defined(__FMA__)
 #include "vec.h"
 
-/* The AVX2 path (no AVX-512: the AMD EPYC Zen 1-3, Intel client CPUs), one (row, head)
- * per task, its arithmetic fixed by that row's own key list alone:
+/* The AVX2 path (no AVX-512: the AMD EPYC Zen 1-3, Intel client CPUs): one (row, head)
+ * per task for one row, from two rows the queries of a key/value head in groups
+ * (group_rows8); either way a query's arithmetic is fixed by its row's own key list alone:
  * - a key's score: 2 NV 8-lane vectors of q k products (multiply, then fused
  *   multiply-adds in order), its 8 lanes summed in dw_hsum8's order, 8 keys at a time
  *   with dw_sum8x8 (the same additions) while a whole 8 fit, then one by one;
@@ -420,13 +421,10 @@ static inline __attribute__((always_inline)) __m256 key_score8(const __m256 *qv,
     return a;
 }
 
-static inline __attribute__((always_inline)) void row_head8(
-    const float *qv, const void *K, const void *V, int64_t committed, const int64_t *ex,
-    int64_t n_extra, float *s, float *o, const int NV, const int BF) {
-    const int d = 16 * NV;
-    int64_t len = committed + n_extra, j = 0;
-    __m256 qq[16];
-    if (BF) /* the query in the keys' pair order */
+/* A query (16 NV,) as 2 NV vectors, in the keys' pair order for a bfloat16 cache. */
+static inline __attribute__((always_inline)) void query_vecs8(const float *qv, const int NV,
+                                                              const int BF, __m256 *qq) {
+    if (BF)
         for (int c = 0; c < NV; c++) {
             __m256 a = _mm256_loadu_ps(qv + 16 * c), b = _mm256_loadu_ps(qv + 16 * c + 8);
             __m256 ev = _mm256_shuffle_ps(a, b, 0x88), od = _mm256_shuffle_ps(a, b, 0xDD);
@@ -435,16 +433,12 @@ static inline __attribute__((always_inline)) void row_head8(
         }
     else
         for (int v = 0; v < 2 * NV; v++) qq[v] = _mm256_loadu_ps(qv + 8 * v);
-    for (; j + 8 <= len; j += 8) {
-        __m256 a[8];
-        for (int u = 0; u < 8; u++) {
-            int64_t jj = j + u;
-            a[u] = key_score8(qq, K, (jj < committed ? jj : ex[jj - committed]) * d, NV, BF);
-        }
-        _mm256_storeu_ps(s + j, dw_sum8x8(a));
-    }
-    for (; j < len; j++)
-        s[j] = dw_hsum8(key_score8(qq, K, (j < committed ? j : ex[j - committed]) * d, NV, BF));
+}
+
+/* Scores s (len,) -> dw_exp8 of each less their maximum, in place (s has room for 8 past
+ * len: the tail's lanes become 0); returns their sum in 8 lanes, in increasing position. */
+static inline __m256 exp_scores8(float *s, int64_t len) {
+    int64_t j;
     __m256 mx = _mm256_set1_ps(-INFINITY);
     for (j = 0; j + 8 <= len; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
     float m = -INFINITY;
@@ -456,12 +450,46 @@ static inline __attribute__((always_inline)) void row_head8(
     const __m256 mm = _mm256_set1_ps(m);
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256 sum = _mm256_setzero_ps();
-    for (j = 0; j < len; j += 8) { /* s has room for 8 past len: the tail's lanes become 0 */
+    for (j = 0; j < len; j += 8) {
         __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(len - j)), iota));
         __m256 e8 = _mm256_and_ps(dw_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mm)), keep);
         _mm256_storeu_ps(s + j, e8);
         sum = _mm256_add_ps(sum, e8);
     }
+    return sum;
+}
+
+/* Output elements 16 c .. 16 c + 15 from their two accumulators (pair order back to
+ * element order for a bfloat16 cache). */
+static inline __attribute__((always_inline)) void store_out8(float *o, __m256 a, __m256 b,
+                                                             const int BF) {
+    if (BF) {
+        __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
+        a = _mm256_permute2f128_ps(lo, hi, 0x20);
+        b = _mm256_permute2f128_ps(lo, hi, 0x31);
+    }
+    _mm256_storeu_ps(o, a);
+    _mm256_storeu_ps(o + 8, b);
+}
+
+static inline __attribute__((always_inline)) void row_head8(
+    const float *qv, const void *K, const void *V, int64_t committed, const int64_t *ex,
+    int64_t n_extra, float *s, float *o, const int NV, const int BF) {
+    const int d = 16 * NV;
+    int64_t len = committed + n_extra, j = 0;
+    __m256 qq[16];
+    query_vecs8(qv, NV, BF, qq);
+    for (; j + 8 <= len; j += 8) {
+        __m256 a[8];
+        for (int u = 0; u < 8; u++) {
+            int64_t jj = j + u;
+            a[u] = key_score8(qq, K, (jj < committed ? jj : ex[jj - committed]) * d, NV, BF);
+        }
+        _mm256_storeu_ps(s + j, dw_sum8x8(a));
+    }
+    for (; j < len; j++)
+        s[j] = dw_hsum8(key_score8(qq, K, (j < committed ? j : ex[j - committed]) * d, NV, BF));
+    __m256 sum = exp_scores8(s, len);
     __m256 acc[16];
     for (int v = 0; v < 2 * NV; v++) acc[v] = _mm256_setzero_ps();
     for (j = 0; j < len; j++) {
@@ -470,16 +498,8 @@ static inline __attribute__((always_inline)) void row_head8(
         for (int v = 0; v < 2 * NV; v++) acc[v] = _mm256_fmadd_ps(p, vx[v], acc[v]);
     }
     __m256 inv = _mm256_set1_ps(1.0f / dw_hsum8(sum));
-    for (int c = 0; c < NV; c++) {
-        __m256 a = _mm256_mul_ps(acc[2 * c], inv), b = _mm256_mul_ps(acc[2 * c + 1], inv);
-        if (BF) { /* pair order back to element order */
-            __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);
-            a = _mm256_permute2f128_ps(lo, hi, 0x20);
-            b = _mm256_permute2f128_ps(lo, hi, 0x31);
-        }
-        _mm256_storeu_ps(o + 16 * c, a);
-        _mm256_storeu_ps(o + 16 * c + 8, b);
-    }
+    for (int c = 0; c < NV; c++)
+        store_out8(o + 16 * c, _mm256_mul_ps(acc[2 * c], inv), _mm256_mul_ps(acc[2 * c + 1], inv), BF);
 }
 
 #define NV8_CASE(n) case n: \
@@ -492,7 +512,142 @@ static void row_head_avx2(const float *qv, const void *K, const void *V, int64_t
                           int bf) {
     switch (d / 16) { NV8_CASE(4) NV8_CASE(5) NV8_CASE(6) NV8_CASE(8) }
 }
+
+#define QMAX 4
+#define PF_KEYS 16 /* keys and values are prefetched this many positions ahead */
+/* Prefetch the cache lines of one key or value (16 NV elements from element i); past
+ * the cache's end a prefetch is harmless. */
+static inline __attribute__((always_inline)) void prefetch_rows8(const void *base, int64_t i,
+                                                                 const int NV, const int BF) {
+    const char *p = (const char *)base + i * (BF ? 2 : 4);
+    for (int l = 0; l < 16 * NV * (BF ? 2 : 4); l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
+}
+
+/* Up to QMAX queries that share one key/value head (the rows of a verify, and the query
+ * heads of a grouped-query head), together: each key and value is widened once for all of
+ * them, where row_head8 widens it once a query. Every query's arithmetic is row_head8's
+ * op for op (its scores: the same products, dw_sum8x8 being dw_hsum8 lane by lane; its
+ * softmax; its p @ V: one accumulator per output element, keys in increasing position),
+ * so its bits are the same as alone (tests/backends/cuda/cpu/test_native.py compares
+ * both paths bit for bit). Query i: qv[i] (16 NV,), its own extra keys
+ * ex[i] (n_ex[i],), scores s[i] (committed + n_ex[i] + 8 floats of room), output o[i].
+ * The committed keys and values are prefetched PF_KEYS ahead: with the step's weights
+ * streaming past, they come from memory (a kernel call with the caches flushed first,
+ * context 1,024: 2.95 / 4.5 / 7.65 ms for 30 layers at 1 / 2 / 4 rows, against 3.4 /
+ * 5.59 / 10.18 one (row, head) a task; without the prefetch grouping was slower there). */
+static inline __attribute__((always_inline)) void group_rows8(
+    const float *const *qv, const int64_t *const *ex, const int64_t *n_ex, const int nq,
+    const void *K, const void *V, int64_t committed, float *const *s, float *const *o,
+    const int NV, const int BF) {
+    const int d = 16 * NV;
+    __m256 qq[QMAX][16];
+    for (int i = 0; i < nq; i++) query_vecs8(qv[i], NV, BF, qq[i]);
+    /* scores over the shared committed keys: 8 keys a block, each widened once */
+    int64_t j = 0;
+    for (; j + 8 <= committed; j += 8) {
+        __m256 a[QMAX][8];
+#pragma GCC unroll 1
+        for (int u = 0; u < 8; u++) {
+            __m256 kx[16];
+            prefetch_rows8(K, (j + u + PF_KEYS) * d, NV, BF);
+            kv_vecs8(K, (j + u) * d, NV, BF, kx);
+            for (int i = 0; i < nq; i++) {
+                __m256 acc = _mm256_mul_ps(qq[i][0], kx[0]);
+                for (int v = 1; v < 2 * NV; v++) acc = _mm256_fmadd_ps(qq[i][v], kx[v], acc);
+                a[i][u] = acc;
+            }
+        }
+        for (int i = 0; i < nq; i++) _mm256_storeu_ps(s[i] + j, dw_sum8x8(a[i]));
+    }
+    for (; j < committed; j++) {
+        __m256 kx[16];
+        kv_vecs8(K, j * d, NV, BF, kx);
+        for (int i = 0; i < nq; i++) {
+            __m256 acc = _mm256_mul_ps(qq[i][0], kx[0]);
+            for (int v = 1; v < 2 * NV; v++) acc = _mm256_fmadd_ps(qq[i][v], kx[v], acc);
+            s[i][j] = dw_hsum8(acc);
+        }
+    }
+    __m256 sums[QMAX];
+    for (int i = 0; i < nq; i++) { /* each query's own keys, then its softmax */
+        for (int64_t x = 0; x < n_ex[i]; x++)
+            s[i][committed + x] = dw_hsum8(key_score8(qq[i], K, ex[i][x] * d, NV, BF));
+        sums[i] = exp_scores8(s[i], committed + n_ex[i]);
+    }
+    /* p @ V, CH blocks of 16 output elements at a time: at least 8 accumulators a pass
+     * (2 CH nq), so that a key's fused multiply-adds do not wait on the last key's */
+    const int CH = nq == 1 ? NV : nq == 2 ? 2 : 1;
+    for (int c0 = 0; c0 < NV; c0 += CH) {
+        const int cw = NV - c0 < CH ? NV - c0 : CH;
+        __m256 acc[QMAX][16];
+        for (int i = 0; i < nq; i++)
+            for (int v = 0; v < 2 * cw; v++) acc[i][v] = _mm256_setzero_ps();
+        for (j = 0; j < committed; j++) {
+            __m256 vx[16];
+            if (c0 == 0) prefetch_rows8(V, (j + PF_KEYS) * d, NV, BF);
+            kv_vecs8(V, j * d + 16 * c0, cw, BF, vx);
+            for (int i = 0; i < nq; i++) {
+                __m256 p = _mm256_set1_ps(s[i][j]);
+                for (int v = 0; v < 2 * cw; v++) acc[i][v] = _mm256_fmadd_ps(p, vx[v], acc[i][v]);
+            }
+        }
+        for (int i = 0; i < nq; i++) {
+            for (int64_t x = 0; x < n_ex[i]; x++) {
+                __m256 vx[16], p = _mm256_set1_ps(s[i][committed + x]);
+                kv_vecs8(V, ex[i][x] * d + 16 * c0, cw, BF, vx);
+                for (int v = 0; v < 2 * cw; v++) acc[i][v] = _mm256_fmadd_ps(p, vx[v], acc[i][v]);
+            }
+            __m256 inv = _mm256_set1_ps(1.0f / dw_hsum8(sums[i]));
+            for (int c = 0; c < cw; c++)
+                store_out8(o[i] + 16 * (c0 + c), _mm256_mul_ps(acc[i][2 * c], inv),
+                           _mm256_mul_ps(acc[i][2 * c + 1], inv), BF);
+        }
+    }
+}
+
+#define GQ_CASE(n, q) case n: \
+    if (bf) group_rows8(qv, ex, n_ex, q, K, V, committed, s, o, n, 1); \
+    else group_rows8(qv, ex, n_ex, q, K, V, committed, s, o, n, 0); \
+    break;
+#define GQ_NV(q) \
+    switch (d / 16) { GQ_CASE(4, q) GQ_CASE(8, q) } \
+    qv += q; ex += q; n_ex += q; s += q; o += q; nq -= q;
+/* group_rows8 over nq queries, 4 or 2 at a time, a last single one by row_head_avx2
+ * (the bits are the same either way); head sizes 64 and 128. Each count, head size and
+ * cache dtype is a copy of its own, and the kernels' build time grows with them: with
+ * counts 2 to 4 and the four head sizes of row_head_avx2 the build took twice as long. */
+static void group_rows_avx2(const float *const *qv, const int64_t *const *ex,
+                            const int64_t *n_ex, int nq, const void *K, const void *V,
+                            int64_t committed, float *const *s, float *const *o, int d, int bf) {
+    while (nq >= 2) {
+        if (nq >= 4) {
+            GQ_NV(4)
+        } else {
+            GQ_NV(2)
+        }
+    }
+    if (nq == 1)
+        row_head_avx2(qv[0], K, V, committed, ex[0], n_ex[0], d, s[0], o[0], bf);
+}
 #endif
+
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+static int att_grouped = 1; /* dw_attention_group(0): one (row, head) a task (tests) */
+#endif
+
+/* The AVX2 path's query grouping for verifies of two rows or more (group_rows8): ``on``
+ * 1 or 0 sets it (-1 leaves it); returns 1 where this build has that path (AVX2 without
+ * AVX-512), else 0. Either way a query gets the same bits (the tests compare them). */
+int dw_attention_group(int on) {
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+    if (on >= 0) att_grouped = on != 0;
+    return 1;
+#else
+    (void)on;
+    return 0;
+#endif
+}
 
 /* 1 when this build scores a bfloat16 cache with vdpbf16ps (the query rounded to
  * bfloat16), 0 when it widens every element (no avx512_bf16, or no AVX-512). */
@@ -540,13 +695,59 @@ int dw_attention_kv(const float *q, const void *cache, int kv_bf16, int64_t tmax
         return failed;
     }
 #endif
-    /* (row, head) tasks, head by head: the AVX2 path's for head sizes 64, 80, 96 and 128,
-     * else the plain loops */
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
     const int vec = d == 64 || d == 80 || d == 96 || d == 128;
+    if ((d == 64 || d == 128) && att_grouped && t > 1) {
+        /* the AVX2 path from two rows on: a kv head's n = t rep queries in k parts of
+         * QMAX (the last may be smaller), or of 2 where that gives too few tasks for two a
+         * thread (neither a part's size nor the path changes a query's bits:
+         * group_rows8). One row keeps
+         * the (row, head) tasks: in the 4bit forward on an AMD EPYC Zen 3 (2 threads,
+         * verifies alternated, medians of 150) grouping one row's heads took 2-5% longer
+         * at contexts 1,024-1,800, while 2 rows took 2-4% less and 4 rows 7-11% less. */
+        int n = t * rep, part_q = QMAX, k = (n + QMAX - 1) / QMAX;
+        if (hkv * k < 2 * threads) { /* parts of 2 queries (group_rows_avx2's other size) */
+            part_q = 2;
+            k = (n + 1) / 2;
+        }
+        int64_t lds = committed + most + 16, tasks = (int64_t)hkv * k;
+#pragma omp parallel num_threads(threads) if (threads > 1 && tasks > 1)
+        {
+            float *sb = (float *)malloc(sizeof(float) * (size_t)(QMAX * lds));
+            if (sb == NULL) {
+#pragma omp atomic write
+                failed = 1;
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t task = 0; task < tasks; task++) {
+                if (sb == NULL) continue;
+                int g = (int)(task / k), part = (int)(task % k);
+                int q0 = part * part_q, q1 = q0 + part_q < n ? q0 + part_q : n;
+                const float *qv[QMAX];
+                const int64_t *ex[QMAX];
+                int64_t n_ex[QMAX];
+                float *sv[QMAX], *ov[QMAX];
+                for (int x = q0; x < q1; x++) { /* query x: head g rep + x / t, row x % t */
+                    int i = x % t, hh = g * rep + x / t;
+                    qv[x - q0] = q + ((int64_t)i * h + hh) * d;
+                    ov[x - q0] = out + ((int64_t)i * h + hh) * d;
+                    ex[x - q0] = extra + (int64_t)i * e;
+                    n_ex[x - q0] = n_extra[i];
+                    sv[x - q0] = sb + (int64_t)(x - q0) * lds;
+                }
+                const char *K = (const char *)cache + (size_t)g * tmax * d * elem;
+                const char *V = (const char *)cache + (size_t)(hkv + g) * tmax * d * elem;
+                group_rows_avx2(qv, ex, n_ex, q1 - q0, K, V, committed, sv, ov, d, bf);
+            }
+            free(sb);
+        }
+        return failed;
+    }
 #else
     const int vec = 0;
 #endif
+    /* (row, head) tasks, head by head: the AVX2 path's for head sizes 64, 80, 96 and 128
+     * with grouping off (dw_attention_group(0)), else the plain loops */
     int64_t total = (int64_t)t * h;
 #pragma omp parallel num_threads(threads) if (threads > 1 && total > 1)
     {
