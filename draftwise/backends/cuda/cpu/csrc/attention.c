@@ -532,9 +532,10 @@ static inline __attribute__((always_inline)) void prefetch_rows8(const void *bas
  * both paths bit for bit). Query i: qv[i] (16 NV,), its own extra keys
  * ex[i] (n_ex[i],), scores s[i] (committed + n_ex[i] + 8 floats of room), output o[i].
  * The committed keys and values are prefetched PF_KEYS ahead: with the step's weights
- * streaming past, they come from memory (a kernel call with the caches flushed first,
- * context 1,024: 2.95 / 4.5 / 7.65 ms for 30 layers at 1 / 2 / 4 rows, against 3.4 /
- * 5.59 / 10.18 one (row, head) a task; without the prefetch grouping was slower there). */
+ * streaming past, they come from memory (without the prefetch, a first version with 3
+ * queries a group was slower than one (row, head) a task with the caches flushed before
+ * each call; with it, at context 1,024, 4.5 / 7.65 ms for 30 layers at 2 / 4 rows
+ * against 5.59 / 10.18). */
 static inline __attribute__((always_inline)) void group_rows8(
     const float *const *qv, const int64_t *const *ex, const int64_t *n_ex, const int nq,
     const void *K, const void *V, int64_t committed, float *const *s, float *const *o,
@@ -701,10 +702,11 @@ int dw_attention_kv(const float *q, const void *cache, int kv_bf16, int64_t tmax
         /* the AVX2 path from two rows on: a kv head's n = t rep queries in k parts of
          * QMAX (the last may be smaller), or of 2 where that gives too few tasks for two a
          * thread (neither a part's size nor the path changes a query's bits:
-         * group_rows8). One row keeps
-         * the (row, head) tasks: in the 4bit forward on an AMD EPYC Zen 3 (2 threads,
-         * verifies alternated, medians of 150) grouping one row's heads took 2-5% longer
-         * at contexts 1,024-1,800, while 2 rows took 2-4% less and 4 rows 7-11% less. */
+         * group_rows8). The 4bit forward's verify on an AMD EPYC Zen 3 (2 threads, the
+         * two paths alternated, medians of 150): 2 / 3 / 4 rows 0.99 / 0.97 / 0.95x at
+         * context 1,024, 0.97 / 0.93 / 0.94x at 1,800, within 2% at 256. One row keeps
+         * the (row, head) tasks: grouped (3 queries a group), it took 2-5% longer at
+         * contexts 1,024-1,800. */
         int n = t * rep, part_q = QMAX, k = (n + QMAX - 1) / QMAX;
         if (hkv * k < 2 * threads) { /* parts of 2 queries (group_rows_avx2's other size) */
             part_q = 2;
