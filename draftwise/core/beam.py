@@ -38,6 +38,7 @@ Worked example (V = 3, a network that always prefers token 2, then 0)::
 from __future__ import annotations
 
 from collections.abc import Callable
+import math
 from itertools import accumulate
 from dataclasses import dataclass, field
 
@@ -179,21 +180,49 @@ def dedup_beams(beams: Beams, budget: int | None = None, pruned: bool = False) -
     return BeamTree(tree, logp, path, int(len(tree)), unpacked)
 
 
+# (parents, depth) of a chain of n nodes, read-only, made once per n
+_CHAIN_INDEX: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _chain_index(n: int) -> tuple[np.ndarray, np.ndarray]:
+    got = _CHAIN_INDEX.get(n)
+    if got is None:
+        depth = np.arange(n + 1, dtype=np.int64)  # (n + 1,): parents are depth - 2
+        parents, depth = depth[:n] - 1, depth[1:].copy()
+        parents.setflags(write=False)
+        depth.setflags(write=False)
+        got = _CHAIN_INDEX[n] = (parents, depth)
+    return got
+
+
 def _chain_tree(beams: Beams, budget: int | None) -> BeamTree | None:
-    """``dedup_beams`` of one beam with nothing pruned, without the trie: the beam is the
-    tree (a ReDrafter chain each step, where the general path cost ~0.05 ms right after a
-    verify: few operations, on lists, as t is small). Its path log-probabilities never
-    grow along the chain, so the ``budget`` most probable nodes are its first ones. None
-    where a log-probability is positive (rounding): then the general path decides."""
-    lp_l = beams.logp[0].tolist()  # (t,)
-    if max(lp_l) > 0:
+    """``dedup_beams`` of one beam with nothing pruned: ``chain_tree`` of its tokens."""
+    return chain_tree(beams.tokens[0], beams.logp[0].tolist(), budget)
+
+
+def chain_tree(tokens: np.ndarray, logp: list[float], budget: int | None) -> BeamTree | None:
+    """One beam of ``tokens`` (t,) with log-probabilities ``logp`` (t Python floats) and
+    nothing pruned as a ``BeamTree``, without the trie: the beam is the tree (a
+    ReDrafter chain each step). Run right after a verify, where each numpy call costs
+    tens of microseconds (a step's caches are cold): a handful of operations on lists,
+    as t is small. Its path log-probabilities never grow along the chain, so the
+    ``budget`` most probable nodes are its first ones. None where a log-probability is
+    positive (rounding): then ``dedup_beams`` decides.
+
+    Example::
+
+        >>> out = chain_tree(np.array([7, 3]), [-0.1, -0.5], budget=None)
+        >>> out.tree.tokens.tolist(), out.tree.parents.tolist(), out.packed, out.unpacked
+        ([7, 3], [-1, 0], 2, 2)
+        >>> [round(v, 2) for v in out.path_logp.tolist()]
+        [-0.1, -0.6]
+    """
+    t = len(logp)
+    if t and max(logp) > 0:
         return None
-    t = len(lp_l)
     n = t if budget is None else min(t, max(budget, 0))
-    lp = np.array(lp_l[:n], np.float64)  # (n,)
-    path = np.array(list(accumulate(lp_l[:n])), np.float64)  # (n,)
-    depth = np.arange(n + 1, dtype=np.int64)  # (n + 1,): parents are depth - 2
-    tree = DraftTree._trusted(
-        np.array(beams.tokens[0, :n], np.int64), depth[:n] - 1, None, depth[1:], np.exp(lp), n
-    )
-    return BeamTree(tree, lp, path, n, t)
+    head = logp[:n]
+    rows = np.array([head, list(accumulate(head)), [math.exp(v) for v in head]], np.float64)
+    parents, depth = _chain_index(n)  # (n,), (n,)
+    tree = DraftTree._trusted(tokens[:n], parents, None, depth, rows[2], n)
+    return BeamTree(tree, rows[0], rows[1], n, t)

@@ -34,9 +34,34 @@ class ContextEntries:
     """Positions of the entries held, in order, and the tokens they were built from."""
 
     def __init__(self) -> None:
-        self.pos = np.zeros(0, np.int64)  # (m,) entry positions, increasing
+        self._pos = np.zeros(64, np.int64)  # (cap,) entry positions, increasing: m held
+        self._m = 0
         self.tokens = np.zeros(0, np.int64)  # the context (cache + root) they came from
         self.next = 1  # the first position not yet tried
+
+    @property
+    def pos(self) -> np.ndarray:
+        """(m,) the held entries' positions, increasing."""
+        return self._pos[: self._m]
+
+    @pos.setter
+    def pos(self, value: np.ndarray) -> None:
+        value = np.asarray(value, np.int64)
+        if value.size > self._pos.size:
+            self._pos = np.zeros(2 * value.size + 64, np.int64)
+        self._pos[: value.size] = value
+        self._m = int(value.size)
+
+    def _append(self, a: int, b: int) -> None:
+        """Hold the positions ``a .. b-1`` after the others."""
+        m, n = self._m, self._m + max(b - a, 0)
+        if n > self._pos.size:
+            grown = np.zeros(2 * n + 64, np.int64)
+            grown[:m] = self._pos[:m]
+            self._pos = grown
+        for i in range(m, n):  # one to a few a step: plain Python
+            self._pos[i] = a + i - m
+        self._m = n
 
     def clear(self) -> None:
         self.__init__()  # type: ignore[misc]
@@ -63,7 +88,10 @@ class ContextEntries:
         ctx = np.asarray(context, np.int64)
         b = ctx.size - 1  # entries up to the one whose next token is the root
         a = min(max(self.next, first + 1), b)
-        self.pos = np.concatenate([self.pos, np.arange(a, b, dtype=np.int64)])
+        if b - a > 8:
+            self.pos = np.concatenate([self.pos, np.arange(a, b, dtype=np.int64)])
+        else:
+            self._append(a, b)
         self.tokens = ctx.copy()
         self.next = b
         return a, b
@@ -78,4 +106,36 @@ class ContextEntries:
         got = hidden_rows(rows_from)
         first, rows = (context.size - 1, None) if got is None else got
         a, b = self.added(context, first)
+        return keep, first, a, b, rows
+
+    def extend(
+        self, context: np.ndarray, hidden_rows: HiddenRows
+    ) -> tuple[int, int, int, int, object | None]:
+        """``update`` for a ``context`` that extends the last one (the caller checked;
+        it is kept, not copied, so it must not change): every held entry stays, and
+        the new ones are found in a few Python operations (the usual decoding step).
+
+        Example::
+
+            >>> book = ContextEntries()
+            >>> book.update(np.array([5, 6, 7, 8]), lambda s: (s, "rows"))
+            (0, 0, 1, 3, 'rows')
+            >>> book.extend(np.array([5, 6, 7, 8, 9, 4]), lambda s: (s, "rows"))
+            (2, 2, 3, 5, 'rows')
+            >>> book.pos.tolist()
+            [1, 2, 3, 4]
+        """
+        if context.size <= self.tokens.size or self.tokens.size == 0:
+            return self.update(context, hidden_rows)
+        # ``plan`` of an extension: all held (each entry's tokens are still there), and
+        # ``next`` stays (it is at most the last context's size - 1)
+        self.next = max(1, min(self.next, self.tokens.size - 1))
+        got = hidden_rows(self.next - 1)
+        b = context.size - 1
+        first, rows = (b, None) if got is None else got
+        a = min(max(self.next, first + 1), b)
+        keep = self._m
+        self._append(a, b)
+        self.tokens = context
+        self.next = b
         return keep, first, a, b, rows

@@ -47,23 +47,41 @@ class ContextVocab:
 
     def __init__(self, base: np.ndarray, vocab_size: int) -> None:
         self.base = np.asarray(base, np.int64)  # (K,)
+        self.vocab_size = vocab_size
         self._col = np.full(vocab_size, -1, np.int64)  # (V,) id -> column
         self._col[self.base] = np.arange(self.base.size)
-        self.extra = np.zeros(0, np.int64)  # (E,)
+        # (K + cap,) the fixed ids, then room for the extra ones: ``extend`` appends in
+        # place; ``update`` writes a new buffer (arrays handed out before stay as they were)
+        self._buf = self.base
+        self._ids = self.base  # (K + E,) a view of _buf
+        self.extra = self.base[:0]  # (E,) a view of _buf
         self._seen = np.zeros(0, np.int64)  # the context the extra ids were taken from
-        self._ids = self.base  # (K + E,)
 
     @property
     def ids(self) -> np.ndarray:
         """(K + E,) target id of every column."""
         return self._ids
 
+    def _check_ids(self, ids: np.ndarray) -> None:
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise ValueError(f"context ids outside the vocabulary 0..{self.vocab_size - 1}")
+
+    def _set_extra(self, extra: np.ndarray, cap: int) -> None:
+        """A new buffer holding the fixed ids, ``extra`` and room for ``cap`` in all."""
+        k, e = self.base.size, extra.size
+        self._buf = np.empty(k + max(cap, e), np.int64)
+        self._buf[:k] = self.base
+        self._buf[k : k + e] = extra
+        self._ids, self.extra = self._buf[: k + e], self._buf[k : k + e]
+
     def update(self, context: np.ndarray) -> np.ndarray:
         """Set the extra ids from ``context`` (the cached tokens and the root); returns
         ``ids``. The old extra columns go; the new ones are the context's ids outside
         ``base``, in order of first appearance. A context that extends the last one only
-        appends the new tokens' ids (the same columns as from scratch)."""
+        appends the new tokens' ids (the same columns as from scratch). Raises
+        ``ValueError`` for an id outside ``0 .. vocab_size - 1``."""
         ctx = np.asarray(context, np.int64)
+        self._check_ids(ctx)
         n = self._seen.size
         if n and ctx.size >= n and np.array_equal(ctx[:n], self._seen):
             tail = ctx[n:]
@@ -76,11 +94,42 @@ class ContextVocab:
             _, first = np.unique(out, return_index=True)
             new = out[np.sort(first)]
             self._col[new] = self.base.size + base.size + np.arange(new.size)
-            self.extra = np.concatenate([base, new])  # (E,)
-            self._ids = np.concatenate([self.base, self.extra])
+            extra = np.concatenate([base, new])  # (E,)
+            self._set_extra(extra, 2 * extra.size + 64)
         elif base.size != self.extra.size:
-            self.extra, self._ids = base, self.base
+            self._set_extra(base, 2 * base.size + 64)
         self._seen = ctx.copy()
+        return self._ids
+
+    def extend(self, context: np.ndarray, tail: list[int]) -> np.ndarray:
+        """``update`` for a ``context`` that is the last one followed by ``tail`` (the
+        caller checked; ``context`` is kept, not copied, so it must not change): the
+        usual decoding step, a few Python operations on the new ids alone. Returns ``ids``.
+
+        Example::
+
+            >>> cv = ContextVocab(np.array([5, 7]), vocab_size=10)
+            >>> cv.update(np.array([5, 9])).tolist()
+            [5, 7, 9]
+            >>> cv.extend(np.array([5, 9, 3, 7, 3]), [3, 7, 3]).tolist()
+            [5, 7, 9, 3]
+        """
+        col, v = self._col, self.vocab_size
+        new: list[int] = []
+        for t in tail:
+            if not 0 <= t < v:
+                raise ValueError(f"context id {t} outside the vocabulary 0..{v - 1}")
+            if col.item(t) < 0 and t not in new:
+                new.append(t)
+        if new:
+            k, e = self.base.size, self.extra.size
+            if k + e + len(new) > self._buf.size:
+                self._set_extra(self.extra, 2 * (e + len(new)) + 64)
+            for i, t in enumerate(new):
+                col[t] = k + e + i
+                self._buf[k + e + i] = t
+            self._ids, self.extra = self._buf[: k + e + len(new)], self._buf[k : k + e + len(new)]
+        self._seen = context
         return self._ids
 
     def columns(self, ids: np.ndarray) -> np.ndarray:

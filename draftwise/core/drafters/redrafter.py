@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from draftwise.core.beam import Beams, BeamTree, beam_search, dedup_beams
+from draftwise.core.beam import Beams, BeamTree, beam_search, chain_tree, dedup_beams
 from draftwise.core.tree import DraftTree
 from draftwise.errors import DraftwiseError
 
@@ -145,18 +145,24 @@ class ReDrafter:
             else:
                 one = beam_search(step, int(context[-1]), 1, self.t)
                 tok, lp = ids[one.tokens[0]], one.logp[0]  # (T,), (T,)
+            lp_l = lp.tolist()  # (n,) Python floats: n <= t is small
             if floor is not None:  # the tokens whose path reaches its depth's floor
-                k, path = 0, 0.0  # the kept prefix (Python floats: n <= t is small)
-                for j, (v, f) in enumerate(zip(lp.tolist(), floor.tolist())):
+                k, path = 0, 0.0  # the kept prefix
+                for j, (v, f) in enumerate(zip(lp_l, floor.tolist())):
                     path += v
                     if path < f:
                         break
                     k = j + 1
-                tok, lp = tok[:k], lp[:k]
+                tok, lp, lp_l = tok[:k], lp[:k], lp_l[:k]
             if tok.size == 0:
                 return DraftTree.empty()
-            none = np.zeros((0, 0), np.int64), np.zeros((0, 0))
-            beams = Beams(tok[None], lp[None], lp.sum(keepdims=True), (none,) * (tok.size - 1))
+            # the beam is the tree (``dedup_beams`` of one beam, in a few list operations)
+            out = chain_tree(tok, lp_l, budget)
+            if out is None:  # a positive log-probability (rounding): the general path
+                none = np.zeros((0, 0), np.int64), np.zeros((0, 0))
+                beams = Beams(tok[None], lp[None], lp.sum(keepdims=True), (none,) * (tok.size - 1))
+                out = dedup_beams(beams, budget, pruned=self.pruned)
+            return self._proposed(out)
         else:
             beams = beam_search(step, int(context[-1]), self.bw, self.t)
             beams = Beams(
@@ -165,7 +171,10 @@ class ReDrafter:
                 beams.score,
                 tuple((ids[tk], lp) for tk, lp in beams.pruned),
             )
-        out = dedup_beams(beams, budget, pruned=self.pruned)
+        return self._proposed(dedup_beams(beams, budget, pruned=self.pruned))
+
+    def _proposed(self, out: BeamTree) -> DraftTree:
+        """Record a proposal's tree and totals; returns the tree."""
         self.last, self.last_beam = out, (self.bw, self.t)
         self.proposals += 1
         self.beam_rows += self.bw

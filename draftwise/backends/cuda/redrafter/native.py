@@ -263,26 +263,21 @@ class NativeRecurrentStep(TorchRecurrentStep):
         pr = self._prop
         pr.keys = pr.vals = pr.cols = None
         pr.m = 0
-        if self.extend:
-            self.vocab_ids = self._vocab.update(ctx)  # (K + E,)
+        # the vocabulary, the entries' positions and columns (ids checked in range)
+        got = self._ctx.update(ctx, self._residual_rows)
+        self.vocab_ids = self._ctx.vocab_ids  # (K + E,)
         if self._d:
             pr.hg = self._hg.value
-            self._add_entries_np(ctx)
+            self._add_entries_np(ctx, got)
             if self._m and self._kv_np is not None:
-                nxt = ctx[self._book.pos + 1]  # (m,) each entry's next token
-                cols = np.ascontiguousarray(self._vocab.columns(nxt), np.int64)  # (m,)
-                width = self.vocab_ids.size
-                if cols.size != self._m or int(cols.min()) < -1 or int(cols.max()) >= width:
-                    raise ValueError(f"context columns outside -1..{width - 1} or not {self._m}")
+                cols = self._ctx.cols  # (m,) a view of the book's buffer
+                self._check_cols(cols, self._ctx.fresh)
                 self._prop_keep = cols
-                self._cols = torch.from_numpy(cols)  # as the torch step keeps them
+                self._cols = cols  # as the torch step keeps them (numpy here)
                 pr.keys, pr.vals = self._kv_ptrs
                 pr.cols, pr.m = cols.ctypes.data, self._m
         extra = self._vocab.extra if self.extend else self._no_extra
-        if extra is not self._extra_checked:  # new extra ids (the context grew or changed)
-            extra = np.ascontiguousarray(extra, np.int64)
-            if extra.size and (int(extra.min()) < 0 or int(extra.max()) >= self.vocab_size):
-                raise ValueError(f"extra draft ids outside the vocabulary 0..{self.vocab_size - 1}")
+        if extra is not self._extra_checked:  # the ids ContextVocab checked in range
             self._extra_checked = extra
             self._extra_ptr = extra.ctypes.data if extra.size else None
         pr.extra, pr.e = self._extra_ptr, self._extra_checked.size
@@ -293,10 +288,22 @@ class NativeRecurrentStep(TorchRecurrentStep):
         """What ``start`` adds for ``context`` (the cached tokens and the root) ahead of
         it: the extra ids and the new context entries (``ReDrafter.begin`` calls it)."""
         ctx = np.asarray(context, np.int64)
-        if self.extend:
-            self.vocab_ids = self._vocab.update(ctx)  # (K + E,)
+        got = self._ctx.update(ctx, self._residual_rows)
+        self.vocab_ids = self._ctx.vocab_ids  # (K + E,)
         if self._d:
-            self._add_entries_np(ctx)
+            self._add_entries_np(ctx, got)
+
+    def _check_cols(self, cols: np.ndarray, fresh: int) -> None:
+        """The columns C indexes the step's output by: each in -1 .. K + E - 1, one per
+        entry. ``fresh``: those before it were checked at an earlier step, against no
+        more columns than now (plain Python on the few new ones: numpy's calls cost tens
+        of microseconds right after the target's forward)."""
+        width = self.vocab_ids.size
+        new = cols[fresh:]
+        if cols.size != self._m or (
+            new.size > 8 and (int(new.min()) < -1 or int(new.max()) >= width)
+        ) or (new.size <= 8 and any(not -1 <= c < width for c in new.tolist())):
+            raise ValueError(f"context columns outside -1..{width - 1} or not {self._m}")
 
     def _residual_rows(self, start: int) -> tuple[int, object | None] | None:
         """``hidden_rows`` for ``ContextEntries.update``, without the final norm (the
@@ -333,19 +340,21 @@ class NativeRecurrentStep(TorchRecurrentStep):
             raise ValueError(f"rows {off}..{off + cnt} of {rows.shape} residual rows")
         return rows.ctypes.data + np.arange(off, off + cnt + 1, dtype=np.int64) * 4 * c, 0, rows
 
-    def _add_entries_np(self, context: np.ndarray) -> None:
+    def _add_entries_np(
+        self, context: np.ndarray, got: tuple[int, int, int, int, object | None]
+    ) -> None:
         """``TorchRecurrentStep._add_entries`` in one compiled call: the new entries'
-        keys and values (float32) appended to the held ones."""
-        self._m, first, a, b, rows = self._book.update(context, self._residual_rows)
+        keys and values (float32) appended to the held ones (``got``:
+        ``ContextBook.update``'s)."""
+        self._m, first, a, b, rows = got
         if b <= a or rows is None:
             return
         cnt, off = b - a, a - 1 - first  # rows off..off + cnt of the pieces (positions first..)
         if off < 0:
             raise ValueError(f"entries {a}..{b - 1} need rows {a - 1}..{b - 1}, have {first}..")
         ptrs, flag, keep = self._row_pointers(rows, off, cnt)  # type: ignore[arg-type]
-        tok = np.ascontiguousarray(context[a : b + 1], np.int64)  # (cnt + 1,)
-        if int(tok.min()) < 0 or int(tok.max()) >= self.vocab_size:
-            raise ValueError(f"context ids outside the vocabulary 0..{self.vocab_size - 1}")
+        # (cnt + 1,) ids ContextBook.update checked in 0..V - 1 (C reads their embedding rows)
+        tok = np.ascontiguousarray(context[a : b + 1], np.int64)
         need = self._m + cnt
         if self._kv_np is None or self._kv_np[0].shape[0] < need:
             cap = max(64, 2 * need)

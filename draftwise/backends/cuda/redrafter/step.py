@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftwise.backends.cuda.redrafter.net import COPY_EPS, ReDrafterNet
-from draftwise.core.drafters.context_entries import ContextEntries
-from draftwise.core.drafters.context_vocab import ContextVocab, extra_bias
+from draftwise.core.drafters.context_book import ContextBook
+from draftwise.core.drafters.context_vocab import extra_bias
 
 INT8_MIN_ROWS = 64  # layers with fewer output rows stay dense (the gate's one row)
 
@@ -125,7 +125,9 @@ class TorchRecurrentStep:
             with torch.no_grad():
                 self._layers = _Layers(net, self.dtype, int8)
         base = net.vocab_ids.cpu().numpy().astype(np.int64)  # (K,)
-        self._vocab = ContextVocab(base, net.cfg.vocab_size)
+        # the vocabulary, the entries and their columns, kept across proposals
+        self._ctx = ContextBook(base, net.cfg.vocab_size, extend, bool(net.cfg.context_dim))
+        self._vocab = self._ctx.vocab
         self.extend = extend
         self.vocab_ids = base  # (K + E,) after ``start`` with ``extend``
         self._xbias = extra_bias(net.bias.detach().float().cpu().numpy())
@@ -137,7 +139,7 @@ class TorchRecurrentStep:
         self._s: torch.Tensor | None = None  # (B, C)
         # a context network's entries (keys, values (cap, D)): the first ``_m`` rows are
         # the ones ``_book`` holds; ``_cols`` (m,) their next tokens' draft columns
-        self._book = ContextEntries()
+        self._book = self._ctx.entries
         self._kvc: tuple[torch.Tensor, torch.Tensor] | None = None
         self._m = 0
         self._cols: torch.Tensor | None = None
@@ -163,15 +165,15 @@ class TorchRecurrentStep:
         with torch.inference_mode():
             h = self.backend.last_hidden().to(self.dtype)[None]  # (1, C)
             self._h, self._hr = h, ly.res_h(h)  # (1, C), (1, 2C)
+            got = self._ctx.update(ctx, self.backend.hidden_rows)
             if self.extend:
-                self.vocab_ids = self._vocab.update(ctx)  # (K + E,)
-                extra = torch.from_numpy(self._vocab.extra).to(dev)  # (E,)
+                self.vocab_ids = self._ctx.vocab_ids  # (K + E,)
+                extra = torch.from_numpy(self._vocab.extra.copy()).to(dev)  # (E,)
                 self._xrows = self.embed[extra] if extra.numel() else None  # (E, C)
             if self.net.cfg.context_dim:
                 self._hq, self._hg = ly.q_h(h), ly.g_h(h)  # (1, D), (1, 1)
-                self._add_entries(ctx)
-                nxt = ctx[self._book.pos + 1]  # (m,) each entry's next token
-                self._cols = torch.from_numpy(self._vocab.columns(nxt)).to(dev)  # (m,)
+                self._add_entries(ctx, got)
+                self._cols = torch.from_numpy(self._ctx.cols.copy()).to(dev)  # (m,)
         self._s = None
         return True
 
@@ -180,16 +182,18 @@ class TorchRecurrentStep:
         it: the extra ids and the new context entries (``ReDrafter.begin`` calls it)."""
         ctx = np.asarray(context, np.int64)
         with torch.inference_mode():
-            if self.extend:
-                self.vocab_ids = self._vocab.update(ctx)  # (K + E,)
+            got = self._ctx.update(ctx, self.backend.hidden_rows)
+            self.vocab_ids = self._ctx.vocab_ids  # (K + E,)
             if self.net.cfg.context_dim:
-                self._add_entries(ctx)
+                self._add_entries(ctx, got)
 
-    def _add_entries(self, context: np.ndarray) -> None:
-        """Entries of the new positions (``core.drafters.context_entries``), as
+    def _add_entries(
+        self, context: np.ndarray, got: tuple[int, int, int, int, object | None]
+    ) -> None:
+        """Entries of the new positions (``got``: ``ContextBook.update``'s), as
         ``ReDrafterNet.context_entries`` makes them."""
         ly = self.layers
-        self._m, first, a, b, g = self._book.update(context, self.backend.hidden_rows)
+        self._m, first, a, b, g = got
         if b <= a or g is None:
             return
         g = g.to(self.dtype)  # type: ignore[attr-defined]  # (n, C): positions first..

@@ -17,8 +17,8 @@ import numpy as np
 
 from draftwise.backends.mlx.backend import MLXBackend
 from draftwise.backends.mlx.redrafter.net import MLXReDrafterNet
-from draftwise.core.drafters.context_entries import ContextEntries
-from draftwise.core.drafters.context_vocab import ContextVocab, extra_bias
+from draftwise.core.drafters.context_book import ContextBook
+from draftwise.core.drafters.context_vocab import extra_bias
 
 
 class MLXRecurrentStep:
@@ -28,7 +28,11 @@ class MLXRecurrentStep:
     def __init__(self, net: MLXReDrafterNet, backend: MLXBackend, extend: bool = False) -> None:
         self.net, self.backend = net, backend
         self.extend = extend
-        self._vocab = ContextVocab(net.vocab_ids, net.cfg.vocab_size)
+        # the vocabulary, the entries and their columns, kept across proposals
+        self._ctx = ContextBook(
+            np.asarray(net.vocab_ids), net.cfg.vocab_size, extend, bool(net.cfg.context_dim)
+        )
+        self._vocab = self._ctx.vocab
         self.vocab_ids = net.vocab_ids  # (K + E,) after ``start`` with ``extend``
         self._xbias = extra_bias(np.array(net.t["bias"]))
         self._extra: tuple[mx.array, float] | None = None  # (E, C) rows, their bias
@@ -36,7 +40,7 @@ class MLXRecurrentStep:
         self._s: mx.array | None = None  # (B, C)
         # a context network's entries: keys, values (m, D), as ``_book``; ``_cols`` (m,)
         # their next tokens' draft columns
-        self._book = ContextEntries()
+        self._book = self._ctx.entries
         self._kvc: tuple[mx.array, mx.array] | None = None
         self._cols = mx.zeros((0,), dtype=mx.int32)
         if net.cfg.context_dim:
@@ -47,21 +51,23 @@ class MLXRecurrentStep:
             return False
         ctx = np.asarray(context, np.int64)
         self._h = self.backend.last_hidden().astype(mx.float32)[None]  # (1, C), lazy
+        got = self._ctx.update(ctx, self.backend.hidden_rows)
         if self.extend:
-            self.vocab_ids = self._vocab.update(ctx)  # (K + E,)
+            self.vocab_ids = self._ctx.vocab_ids  # (K + E,)
             extra = self._vocab.extra
             rows = self.net.embed[mx.array(extra.astype(np.int32))] if extra.size else None
             self._extra = None if rows is None else (rows, self._xbias)  # (E, C)
         if self.net.cfg.context_dim:
-            self._add_entries(ctx)
-            cols = self._vocab.columns(ctx[self._book.pos + 1])  # (m,)
-            self._cols = mx.array(cols.astype(np.int32))
+            self._add_entries(ctx, got)
+            self._cols = mx.array(self._ctx.cols.astype(np.int32))  # (m,)
         self._s = None
         return True
 
-    def _add_entries(self, context: np.ndarray) -> None:
-        """Entries of the new positions (``core.drafters.context_entries``); lazy."""
-        keep, first, a, b, g = self._book.update(context, self.backend.hidden_rows)
+    def _add_entries(
+        self, context: np.ndarray, got: tuple[int, int, int, int, object | None]
+    ) -> None:
+        """Entries of the new positions (``got``: ``ContextBook.update``'s); lazy."""
+        keep, first, a, b, g = got
         if self._kvc is not None:
             self._kvc = (self._kvc[0][:keep], self._kvc[1][:keep])
         if b <= a or g is None:

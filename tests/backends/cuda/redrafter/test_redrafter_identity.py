@@ -188,8 +188,9 @@ def test_context_entries_after_generation_equal_a_fresh_prefill(torch_model, ran
     # every entry's copy column is its next token's: a fixed column where it has one,
     # else an extra column of the context vocabulary (``extend``, the default)
     fixed = cols >= 0
-    assert step._cols[fixed].tolist() == cols[fixed].tolist()
-    assert step.vocab_ids[step._cols.numpy()].tolist() == seq[pos.numpy() + 1].tolist()
+    held = torch.as_tensor(np.array(step._cols))  # (m,): numpy in the compiled step
+    assert held[fixed].tolist() == cols[fixed].tolist()
+    assert step.vocab_ids[held.numpy()].tolist() == seq[pos.numpy() + 1].tolist()
     assert not fixed.all()  # the extra columns were exercised
     torch.testing.assert_close(keys.float(), k.float(), rtol=0.05, atol=0.05)
     torch.testing.assert_close(values.float(), v.float(), rtol=0.05, atol=0.05)
