@@ -387,9 +387,9 @@ class NativeRecurrentStep(TorchRecurrentStep):
         if not 0 <= root < self.vocab_size or t < 1:
             raise ValueError(f"a chain needs a root in 0..{self.vocab_size - 1} and t >= 1, got {root}, {t}")
         floor = None
-        if min_path is not None:
+        if min_path is not None:  # (NaN never ends a chain early: C compares path < floor)
             floor = np.ascontiguousarray(min_path, np.float32)  # (t,)
-            if floor.shape != (t,) or np.isnan(floor).any():
+            if floor.shape != (t,):
                 raise ValueError(f"min_path needs {t} numbers, got shape {floor.shape}")
         if self.vocab_ids is not self._ids_of:  # (K + E,): a new array when it grew
             self._ids_of = self.vocab_ids
