@@ -37,10 +37,10 @@ Worked example (V = 3, a network that always prefers token 2, then 0)::
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import math
-from itertools import accumulate
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import numpy as np
 

@@ -57,7 +57,7 @@ class ContextBook:
     @property
     def cols(self) -> np.ndarray:
         """(m,) the column of each held entry's next token (-1: none)."""
-        return self._cols[: self.entries._m]
+        return self._cols[: self.entries.held]
 
     def update(
         self, context: np.ndarray, hidden_rows: HiddenRows
@@ -98,7 +98,7 @@ class ContextBook:
         book = self.entries
         got = (book.extend if fast else book.update)(ctx, hidden_rows)
         keep, _, a, b, _ = got
-        m = book._m
+        m = book.held
         if m > self._cols.size:
             grown = np.zeros(2 * m + 64, np.int64)
             grown[:keep] = self._cols[:keep]

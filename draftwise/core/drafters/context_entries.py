@@ -44,6 +44,11 @@ class ContextEntries:
         """(m,) the held entries' positions, increasing."""
         return self._pos[: self._m]
 
+    @property
+    def held(self) -> int:
+        """How many entries are held (``pos.size``)."""
+        return self._m
+
     @pos.setter
     def pos(self, value: np.ndarray) -> None:
         value = np.asarray(value, np.int64)

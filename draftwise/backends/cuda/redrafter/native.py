@@ -292,12 +292,15 @@ class NativeRecurrentStep(TorchRecurrentStep):
         self.vocab_ids = self._ctx.vocab_ids  # (K + E,)
         if self._d:
             self._add_entries_np(ctx, got)
+            self._check_cols(self._ctx.cols, self._ctx.fresh)
 
     def _check_cols(self, cols: np.ndarray, fresh: int) -> None:
         """The columns C indexes the step's output by: each in -1 .. K + E - 1, one per
-        entry. ``fresh``: those before it were checked at an earlier step, against no
-        more columns than now (plain Python on the few new ones: numpy's calls cost tens
-        of microseconds right after the target's forward)."""
+        entry. ``fresh`` (``ContextBook.fresh``): the columns before it were checked by
+        an earlier ``start`` or ``index`` (every update of the book is followed by one),
+        against no more columns than now (the book's width only grows on its fast path);
+        plain Python on the few new ones: numpy's calls cost tens of microseconds right
+        after the target's forward."""
         width = self.vocab_ids.size
         new = cols[fresh:]
         if cols.size != self._m or (
