@@ -44,10 +44,14 @@ class ContextBook:
         self.vocab = ContextVocab(base, vocab_size)
         self.entries = ContextEntries()
         self.extend, self.use_entries = extend, entries
-        self.vocab_ids = self.vocab.ids  # (K + E,)
         self._last = b""  # the last context's int64 bytes
         self._cols = np.zeros(64, np.int64)  # (cap,) each held entry's next-token column
         self.fresh = 0  # columns [fresh, m) were set by the last update
+
+    @property
+    def vocab_ids(self) -> np.ndarray:
+        """(K + E,) the target id of every draft column (``ContextVocab.ids``)."""
+        return self.vocab.ids
 
     @property
     def pos(self) -> np.ndarray:
@@ -73,7 +77,7 @@ class ContextBook:
             seen = np.frombuffer(raw, np.int64)  # read-only: nobody changes it
             tail = seen[n:].tolist()
             if self.extend:
-                self.vocab_ids = self.vocab.extend(seen, tail)
+                self.vocab.extend(seen, tail)
             else:
                 v = self.vocab.vocab_size
                 for t in tail:
@@ -81,9 +85,10 @@ class ContextBook:
                         raise ValueError(f"context id {t} outside the vocabulary 0..{v - 1}")
             got = self._entries(seen, hidden_rows, fast=True)
         else:
-            self.vocab_ids = self.vocab.update(ctx) if self.extend else self.vocab.ids
-            if not self.extend:
-                self.vocab._check_ids(ctx)
+            if self.extend:
+                self.vocab.update(ctx)
+            else:
+                self.vocab.check_ids(ctx)
             got = self._entries(ctx, hidden_rows, fast=False)
         self._last = raw
         return got

@@ -62,7 +62,8 @@ class ContextVocab:
         """(K + E,) target id of every column."""
         return self._ids
 
-    def _check_ids(self, ids: np.ndarray) -> None:
+    def check_ids(self, ids: np.ndarray) -> None:
+        """Raise ``ValueError`` unless every id is in ``0 .. vocab_size - 1``."""
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
             raise ValueError(f"context ids outside the vocabulary 0..{self.vocab_size - 1}")
 
@@ -81,7 +82,7 @@ class ContextVocab:
         appends the new tokens' ids (the same columns as from scratch). Raises
         ``ValueError`` for an id outside ``0 .. vocab_size - 1``."""
         ctx = np.asarray(context, np.int64)
-        self._check_ids(ctx)
+        self.check_ids(ctx)
         n = self._seen.size
         if n and ctx.size >= n and np.array_equal(ctx[:n], self._seen):
             tail = ctx[n:]
