@@ -64,8 +64,11 @@ class ContextEntries:
             grown = np.zeros(2 * n + 64, np.int64)
             grown[:m] = self._pos[:m]
             self._pos = grown
-        for i in range(m, n):  # one to a few a step: plain Python
-            self._pos[i] = a + i - m
+        if n - m > 8:  # a prompt's entries: one numpy call
+            self._pos[m:n] = np.arange(a, b, dtype=np.int64)
+        else:  # a step's one to a few: plain Python (a numpy call costs more cold)
+            for i in range(m, n):
+                self._pos[i] = a + i - m
         self._m = n
 
     def clear(self) -> None:
@@ -93,10 +96,7 @@ class ContextEntries:
         ctx = np.asarray(context, np.int64)
         b = ctx.size - 1  # entries up to the one whose next token is the root
         a = min(max(self.next, first + 1), b)
-        if b - a > 8:
-            self.pos = np.concatenate([self.pos, np.arange(a, b, dtype=np.int64)])
-        else:
-            self._append(a, b)
+        self._append(a, b)
         self.tokens = ctx.copy()
         self.next = b
         return a, b
