@@ -53,7 +53,10 @@ NOISE = 0.8  # a stored curve may dip by this factor with more rows (noise), no 
 # the corrected curve grows at most this much faster than the rows: r rows in one pass
 # cost about r passes of one at most (a 4bit CPU curve: 2.06x from 32 to 64 rows)
 STEEP = 1.25
-REFRESH = 8  # observations between re-derivations of the corrected curve
+# observations between re-derivations of the corrected curve: each costs ~1 ms of Python
+# (the fit below), a per-step ~90 us at 8 and ~30 at 16 (AMD EPYC Zen 3, warm; more right
+# after a verify), while medians of 15 move slowly anyway
+REFRESH = 16
 # the machine's speed drifts (another process, a VM's neighbours) while the row counts
 # are timed at different moments: a row count's correction is read against the verifies
 # of any size around it, in blocks of this many consecutive verifies (``_joint``)
