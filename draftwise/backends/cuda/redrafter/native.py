@@ -8,7 +8,8 @@ gate), ``dw_rd_entries`` for the context's new entries (their keys and values), 
 ``dw_rd_step`` for each beam step (cell, attention, copy gate, ResBlocks, head, extra
 ids, the mixture); ``dw_rd_chain`` runs a whole one-beam draft (``ReDrafter`` at
 ``bw=1``) in one call. Weights are int8 with one float32 scale per output row, rounded as
-the torch step rounds them; activations are float32 (the torch step rounds them to
+the torch step rounds them (the head and the cell in 4-bit values, ``step.FOUR_BIT``,
+which the AVX2 products read packed two a byte: ``pack4``); activations are float32 (the torch step rounds them to
 bfloat16) or int8 with one scale per group of 4 inputs, multiplied by ``vpdpbusd`` where
 the CPU has ``avx512_vnni`` and by ``vpmaddubsw`` elsewhere (AVX2; ``csrc/redrafter.c``;
 an AMD EPYC Zen 3, warm, a three-token chain at 112 entries: 0.52 ms against 0.71 with
@@ -48,7 +49,12 @@ import torch
 
 from draftwise.backends.cuda.cpu.native import kernel_threads, redrafter_lib
 from draftwise.backends.cuda.redrafter.net import ReDrafterNet
-from draftwise.backends.cuda.redrafter.step import TorchRecurrentStep
+from draftwise.backends.cuda.redrafter.step import (
+    INT8_LEVELS,
+    TorchRecurrentStep,
+    levels_of,
+    quantize_rows,
+)
 
 P, I64, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 # the residual rows C reads where they are, and its flag for each dtype
@@ -57,9 +63,9 @@ _ROW_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 class _I8(ctypes.Structure):
     """``DwI8``: one int8 layer (codes (n, k), scales (n,), bias (n,) or NULL, the codes +
-    128 as uint8 (n, k) or NULL)."""
+    128 as uint8 (n, k) or NULL, the 4-bit codes packed (n, k / 2) (``pack4``) or NULL)."""
 
-    _fields_ = [("w", P), ("scale", P), ("bias", P), ("wu", P), ("n", I64), ("k", I64)]
+    _fields_ = [("w", P), ("scale", P), ("bias", P), ("wu", P), ("w4", P), ("n", I64), ("k", I64)]
 
 
 class _Net(ctypes.Structure):
@@ -89,14 +95,33 @@ def native_supported(net: ReDrafterNet) -> bool:
     return redrafter_lib() is not None and all(n % 16 == 0 for n in dims)
 
 
-def _quantize(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+def _quantize(
+    weight: torch.Tensor, bias: torch.Tensor | None, levels: int = INT8_LEVELS
+) -> tuple[torch.Tensor, ...]:
     """(N, K) weight -> int8 codes (N, K), float32 scales (N,) and bias (N,) or an empty
-    tensor: the rounding of ``step.StepLinear``."""
-    w = weight.detach().float()
-    scale = w.abs().amax(1).clamp(min=1e-12) / 127  # (N,)
-    codes = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+    tensor: the rounding of ``step.StepLinear`` (``quantize_rows``)."""
+    codes, scale = quantize_rows(weight, levels)
     b = torch.empty(0) if bias is None else bias.detach().float().contiguous()
-    return codes, scale.contiguous(), b
+    return codes, scale, b
+
+
+def pack4(codes: torch.Tensor) -> torch.Tensor:
+    """(N, K) int8 codes in -7..7 (K a multiple of 32) -> (N, K / 2) uint8, as the AVX2
+    step reads them: in each group of 32 inputs, byte t holds code t + 8 in its low four
+    bits and code 16 + t + 8 in its high four.
+
+    Example::
+
+        >>> c = torch.arange(32, dtype=torch.int8)[None] % 15 - 7
+        >>> p = pack4(c)
+        >>> p.shape, int(p[0, 0]) & 15, int(p[0, 0]) >> 4   # codes -7 and 16 % 15 - 7 = -6
+        (torch.Size([1, 16]), 1, 2)
+    """
+    n, k = codes.shape
+    if k % 32 or int(codes.min()) < -7 or int(codes.max()) > 7:
+        raise ValueError(f"4-bit packing needs codes in -7..7 and K % 32 == 0, got K = {k}")
+    c = (codes.to(torch.int16) + 8).to(torch.uint8).view(n, k // 32, 2, 16)
+    return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
 
 
 class NativeRecurrentStep(TorchRecurrentStep):
@@ -104,8 +129,11 @@ class NativeRecurrentStep(TorchRecurrentStep):
 
     compiled = True  # ``auto`` prices its drafting as the compiled step's (member_pays)
 
-    def __init__(self, net: ReDrafterNet, backend: Any, extend: bool = False) -> None:
+    def __init__(self, net: ReDrafterNet, backend: Any, extend: bool = False, pack4: bool = True) -> None:
         super().__init__(net, backend, int8=True, extend=extend, torch_layers=False)
+        # the 4-bit layers read packed (``pack4``) where the AVX2 products run: half their
+        # bytes, the same results (False: from their int8 codes; tests compare the two)
+        self.pack4 = pack4
         lib = redrafter_lib()
         if lib is None or not native_supported(net):
             raise ValueError("the compiled ReDrafter step is not available for this network")
@@ -138,7 +166,7 @@ class NativeRecurrentStep(TorchRecurrentStep):
                 vocab=cfg.vocab_size, nres=len(net.res) - 1, embed=embed.data_ptr(),
             )
             for name, (w, b) in layers.items():
-                setattr(st, name, self._layer(w, b))
+                setattr(st, name, self._layer(w, b, levels_of(name)))
             res = (_I8 * max(1, len(net.res) - 1))()
             for i, r in enumerate(net.res[1:]):
                 res[i] = self._layer(r.weight, r.bias)
@@ -223,18 +251,22 @@ class NativeRecurrentStep(TorchRecurrentStep):
             hq.ctypes.data, ctypes.byref(self._hg),
         )
 
-    def _layer(self, weight: torch.Tensor, bias: torch.Tensor | None) -> _I8:
-        codes, scale, b = _quantize(weight, bias)
+    def _layer(self, weight: torch.Tensor, bias: torch.Tensor | None, levels: int = INT8_LEVELS) -> _I8:
+        codes, scale, b = _quantize(weight, bias, levels)
         n, k = codes.shape
         # (n, k) the codes + 128 (vpdpbusd's unsigned side), where that path runs
         wu = None
         if k % 64 == 0 and self._int8 == 1:
             wu = (codes.to(torch.int16) + 128).to(torch.uint8).contiguous()
-        self._keep.extend((codes, scale, b, wu))
+        # (n, k / 2) a 4-bit layer's codes two a byte, where the AVX2 products run (the
+        # same values as ``codes``: the int32 sums, so the bits, do not change)
+        w4 = pack4(codes) if levels <= 7 and k % 64 == 0 and self._int8 == 2 and self.pack4 else None
+        self._keep.extend((codes, scale, b, wu, w4))
         return _I8(
             w=codes.data_ptr(), scale=scale.data_ptr(),
             bias=b.data_ptr() if b.numel() else None,
-            wu=None if wu is None else wu.data_ptr(), n=n, k=k,
+            wu=None if wu is None else wu.data_ptr(),
+            w4=None if w4 is None else w4.data_ptr(), n=n, k=k,
         )
 
     def start(self, cache_len: int, context: np.ndarray) -> bool:

@@ -38,6 +38,9 @@ typedef struct {
     const float *scale; /* (n,) */
     const float *bias;  /* (n,) or NULL */
     const uint8_t *wu;  /* (n, k) the codes + 128 (vpdpbusd's unsigned side), or NULL */
+    const uint8_t *w4;  /* (n, k / 2) a layer's codes in -7..7, + 8, two a byte (in each
+                         * group of 32 inputs, byte t: code t low, code 16 + t high), read
+                         * by the AVX2 products in place of w (k % 64 == 0), or NULL */
     int64_t n, k;       /* n % 4 == 0, k % 16 == 0 (checked by the caller) */
 } DwI8;
 
@@ -313,28 +316,42 @@ static void quant_rows(const float *x, int64_t ldx, int64_t b, int64_t k, int8_t
     }
 }
 
-/* dot4 on quantised rows: y[r, n0..n0+3] for rb rows. */
+/* dot4 on quantised rows: y[r, n0..n0+3] for rb rows. W4 (a compile-time constant): the
+ * codes read from L->w4, four bits each (the same values: the same int32 sums, the same
+ * bits; half the bytes, which bound the step). */
 static inline __attribute__((always_inline)) void dot4q(
     const DwI8 *L, int64_t n0, const int8_t *xq, const float *dx, const float *qoff, int rb,
-    float *y, int64_t ldy) {
-    const int64_t k = L->k;
-    const int8_t *w0 = L->w + n0 * k;
+    float *y, int64_t ldy, const int W4) {
+    const int64_t k = L->k, rowb = W4 ? k / 2 : k; /* a row's bytes */
+    const uint8_t *w0 = W4 ? L->w4 + n0 * rowb : (const uint8_t *)L->w + n0 * k;
     const __m256i ones = _mm256_set1_epi16(1);
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const __m256i eight = _mm256_set1_epi8(8);
     __m256 acc[4][4];
     for (int i = 0; i < 4; i++)
         for (int r = 0; r < 4; r++) acc[i][r] = _mm256_setzero_ps();
-    const char *ahead = (const char *)(w0 + PF_GROUPS * 4 * k);
+    const char *ahead = (const char *)(w0 + PF_GROUPS * 4 * rowb);
     for (int64_t j = 0; j < k; j += 32) {
+        const int64_t jb = W4 ? j / 2 : j; /* the inputs' first byte in a row */
         if (j % QB == 0)
-            for (int i = 0; i < 4; i++) _mm_prefetch(ahead + (int64_t)i * k + j, _MM_HINT_T0);
+            for (int i = 0; i < 4; i++) _mm_prefetch(ahead + (int64_t)i * rowb + jb, _MM_HINT_T0);
+        __m256i w[4];
+        for (int i = 0; i < 4; i++) {
+            if (W4) { /* 16 bytes: codes j..j+15 low, j+16..j+31 high, each + 8 */
+                __m128i b = _mm_loadu_si128((const __m128i *)(w0 + (int64_t)i * rowb + jb));
+                __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
+                w[i] = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight);
+            } else {
+                w[i] = _mm256_loadu_si256((const __m256i *)(w0 + (int64_t)i * rowb + jb));
+            }
+        }
         for (int r = 0; r < 4; r++) {
             if (r >= rb) break;
             __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * k + j));
             __m256 dv = _mm256_loadu_ps(dx + r * (k / 4) + j / 4);
             for (int i = 0; i < 4; i++) {
-                __m256i w = _mm256_loadu_si256((const __m256i *)(w0 + (int64_t)i * k + j));
                 __m256i p = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w)), ones);
+                    _mm256_maddubs_epi16(_mm256_abs_epi8(w[i]), _mm256_sign_epi8(xv, w[i])), ones);
                 acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dv, acc[i][r]);
             }
         }
@@ -348,7 +365,8 @@ static inline __attribute__((always_inline)) void dot4q(
     }
 }
 
-#define QCASE(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), qoff + r0, n, y + r0 * ldy, ldy); break;
+#define QCASE(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), qoff + r0, n, y + r0 * ldy, ldy, 0); break;
+#define QCASE4(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), qoff + r0, n, y + r0 * ldy, ldy, 1); break;
 #endif
 
 /* Which int8 products this build has: 1 vpdpbusd (avx512_vnni, reading ``wu``: the codes
@@ -383,6 +401,12 @@ static void i8_mv(const DwI8 *L, const float *x, int64_t ldx, int64_t b, float *
         for (int64_t r0 = 0; r0 < b; r0 += 4) {
             int rb = (int)(b - r0 < 4 ? b - r0 : 4);
             if (xq != NULL) {
+#if RD_Q == 2
+                if (L->w4 != NULL) {
+                    switch (rb) { QCASE4(1) QCASE4(2) QCASE4(3) QCASE4(4) }
+                    continue;
+                }
+#endif
                 switch (rb) { QCASE(1) QCASE(2) QCASE(3) QCASE(4) }
                 continue;
             }
