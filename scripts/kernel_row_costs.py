@@ -31,15 +31,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import statistics
-import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from draftwise.backends.cuda.cpu.int4 import pack_native, pack_q8
 from draftwise.backends.cuda.cpu.native import attention_lib, kernel_threads
+from draftwise.backends.cuda.profile_forward import _median_ms
 from draftwise.core.device import cpu_name
 
 LAYERS, C, MLP, H, HKV, D, VOCAB = 30, 576, 1536, 9, 3, 64, 49152
@@ -50,16 +48,6 @@ def _int4(rng: np.random.Generator, n: int, k: int) -> torch.Tensor:
     codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
     scale, zero = np.full((n, k // 32), 0.01, np.float32), np.zeros((n, k // 32), np.float32)
     return pack_native(codes, scale, zero)
-
-
-def _median_ms(fn: Callable[[], None], reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 def _row_costs(lib: ctypes.CDLL, t: int, weights: list[list[torch.Tensor]], head: torch.Tensor,
@@ -95,7 +83,7 @@ def _row_costs(lib: ctypes.CDLL, t: int, weights: list[list[torch.Tensor]], head
         if lib.dw_q8_mm(x, t, C, head.data_ptr(), VOCAB, y, threads):
             raise MemoryError("dw_q8_mm failed")
 
-    return [_median_ms(f, reps) for f in (matmuls, attention, q8_head)]
+    return [_median_ms(f, reps)[0] for f in (matmuls, attention, q8_head)]  # medians
 
 
 def main() -> None:
