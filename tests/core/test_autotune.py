@@ -320,10 +320,11 @@ def test_drafting_is_skipped_when_no_first_token_can_pay():
 
 class ChainDrafter:
     """Proposes the two tokens after the context's last (``right``) or two wrong ones,
-    taking ``sleep_s`` to do it; counts its proposals."""
+    taking ``cost_s`` to do it on the fake ``clock`` (seconds; wall time would make the
+    gate's verdict depend on how busy the machine is); counts its proposals."""
 
-    def __init__(self, name: str, right: bool, sleep_s: float = 0.0) -> None:
-        self.name, self.right, self.sleep_s, self.calls = name, right, sleep_s, 0
+    def __init__(self, name: str, right: bool, clock: list[float], cost_s: float = 0.0) -> None:
+        self.name, self.right, self.clock, self.cost_s, self.calls = name, right, clock, cost_s, 0
 
     def reset(self) -> None: ...
 
@@ -332,30 +333,32 @@ class ChainDrafter:
     def update(self, context, n_new) -> None: ...
 
     def propose(self, context, budget):
-        import time
-
         from draftwise.core.tree import DraftTree
 
         self.calls += 1
-        time.sleep(self.sleep_s)
+        self.clock[0] += self.cost_s
         last = int(context[-1])
         return DraftTree.chain([last + 1, last + 2] if self.right else [1000, 1001])
 
 
-def test_a_costly_member_drafts_only_while_it_pays():
+def test_a_costly_member_drafts_only_while_it_pays(monkeypatch):
     """A member whose drafting costs 20% of a plain step is gated by the planner's own
     account of tokens per ms: beside a free member that guesses right, a wrong one sits
     out all but every EXPLORE_EVERY-th step; a right one beside a wrong free member keeps
     drafting (after its acceptance is learnt). The free member is never gated."""
     import numpy as np
 
+    import draftwise.core.autotune as at
     from draftwise.core.autotune import EXPLORE_EVERY
+
+    clock = [0.0]
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
 
     ctx = np.arange(1, 200)
     flat = CostModel(rows=[1, 64], ms=[10.0, 12.0])
     for costly_right in (False, True):
-        cheap = ChainDrafter("cheap", right=not costly_right)
-        costly = ChainDrafter("costly", right=costly_right, sleep_s=0.002)
+        cheap = ChainDrafter("cheap", right=not costly_right, clock=clock)
+        costly = ChainDrafter("costly", right=costly_right, clock=clock, cost_s=0.002)
         auto = AutoDrafter([cheap, costly], flat)
         for step in range(64):
             n = 10 + step
