@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from draftwise.backends.cuda.cpu import f32
+from draftwise.backends.cuda.cpu import f32, hugepages
 from draftwise.backends.cuda.cpu.f32 import F32Weight
 from draftwise.backends.cuda.cpu.fused import FusedForward
 from draftwise.backends.cuda.cpu.int4 import Int4Weight, Weight, fuse_q4, linear, quantize_rtn
@@ -637,8 +637,26 @@ class Llama:
                 dtype=self.cache_dtype,
                 device=device,
             )  # (L, 2, H_kv, T_max, D)
+            if device.type == "cpu":
+                self._place_on_huge_pages()
             # the 4bit mode's verify as one compiled call, where it applies (fused.py)
             self.fused = FusedForward.build(self) if self.int4 else None
+
+    def _place_on_huge_pages(self) -> None:
+        """The compiled kernels' packed weights and the K/V cache, which every CPU step
+        streams, copied into one mapping on 2 MB pages (``cpu/hugepages.py``: the same
+        bytes; on an AMD EPYC Zen 3 a 4bit verify 3-5% faster, a float32 one 6-12%)."""
+        packed = (Int4Weight, F32Weight)
+        owners = [
+            w for ly in self.layers for w in (ly.wqkv, ly.wo, ly.w13, ly.w2)
+            if isinstance(w, packed) and w.lib is not None
+        ]
+        if isinstance(self.head_q, packed) and self.head_q.lib is not None:
+            owners.append(self.head_q)
+        placed = hugepages.place([w.packed for w in owners] + [self.cache])
+        for w, t in zip(owners, placed[:-1], strict=True):
+            w.packed = t
+        self.cache = placed[-1]
 
     @classmethod
     def load(
