@@ -28,7 +28,7 @@ from draftwise.backends.cuda.cpu.int4 import int4_available
 from draftwise.backends.cuda.cpu.native import native_argmax, native_sample, native_sampling_takes
 from draftwise.backends.cuda.gpu.graphs import BUCKETS, StepGraphs
 from draftwise.backends.cuda.gpu.sampling import HostStaging, sample_rows
-from draftwise.backends.cuda.invariant import MAX_ROWS, causal_plan, make_plan, min_rows
+from draftwise.backends.cuda.invariant import MAX_ROWS, causal_plan, make_plan, min_rows, slot_table
 from draftwise.backends.cuda.llama import Llama, causal_mask, read_llama_config, read_weights
 from draftwise.backends.gguf_q4 import FourBit, gguf_source, read_q4_linears
 from draftwise.core.backend import Verified
@@ -415,6 +415,20 @@ class TorchBackend(CacheBook, BatchMixin):
         ``min_rows`` with copies of the chunk's first row (their K/V is not written, their
         attention not computed: only the linear layers see them)."""
         n1, start = host.shape[0], self._len
+        step = getattr(getattr(self.model, "fused", None), "step", None)
+        if (step is not None and self._native is not None and n1 <= MAX_ROWS
+                and min_rows(self.dtype) == 1 and not self.model.cfg.window_layers):
+            # the compiled forward from numpy tables, one chunk (``FusedForward.step``:
+            # the same kernel arguments as the plan's path below, without its torch glue)
+            extra, n_extra = slot_table(start, host[:, 2 : 2 + n1])
+            tokens, positions = host[:, 0].copy(), host[:, 1].copy()  # (N+1,) each
+            with torch.inference_mode():
+                last_x, xn = step(tokens, positions, start, start, extra, n_extra, n1)
+                self.model.last_x = last_x
+                logits = self.model.logits(xn)  # (N+1, V)
+            self._rows_x = last_x  # (N+1, C)
+            self._pending = n1
+            return logits
         # Row i sees the cache, then its ancestors and itself among the new slots.
         vis = host[:, 2:].astype(bool) if n1 > 1 else np.ones((1, 1), bool)  # (N+1, N+1)
         rows = [(start + np.flatnonzero(vis[i])).tolist() for i in range(n1)]
@@ -491,15 +505,16 @@ class TorchBackend(CacheBook, BatchMixin):
         keep = np.asarray(keep, dtype=np.int64).reshape(-1)
         if not self._pending:
             raise DraftwiseError("commit() without a preceding verify()")
-        ordered = keep.size > 0 and keep[0] == 0 and bool(np.all(np.diff(keep) > 0))
-        if not ordered or keep[-1] >= self._pending:
+        kl = keep.tolist()  # a step's few rows: checked in plain Python (a per-step path)
+        ordered = bool(kl) and kl[0] == 0 and all(a < b for a, b in zip(kl, kl[1:]))
+        if not ordered or kl[-1] >= self._pending:
             raise DraftwiseError(
-                f"commit rows {keep.tolist()} must start at 0 and increase below {self._pending}"
+                f"commit rows {kl} must start at 0 and increase below {self._pending}"
             )
-        k = int(keep.size)
+        k = len(kl)
         # Rows 0..k-1 kept in order (plain decoding, an accepted chain prefix) are already
         # in place; otherwise gather the kept slots down with one op over all layers.
-        if keep[-1] != k - 1:
+        if kl[-1] != k - 1:
             with torch.inference_mode():
                 src = torch.from_numpy(self._len + keep).to(self.device)  # (K,)
                 self.model.move_slots(src, self._len)
@@ -510,4 +525,4 @@ class TorchBackend(CacheBook, BatchMixin):
         self._len += k
         self._pending = 0
         if self._rows_x is not None:  # a view of the last kept row: no copy, no sync
-            self._hidden_x, self._hidden_len = self._rows_x[int(keep[-1])], self._len
+            self._hidden_x, self._hidden_len = self._rows_x[kl[-1]], self._len

@@ -120,6 +120,30 @@ def make_plan(
     return Plan(shared, torch.from_numpy(idx).to(device), torch.from_numpy(bias).to(device), window=win)
 
 
+def slot_table(committed: int, visible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``make_plan``'s native tables straight from a verify's visibility mask, without a
+    Python loop over rows: ``visible`` (T, T) 0/1, row i sees new slot j when
+    ``visible[i, j]`` (its tree ancestors and itself, which precede it). Returns
+    ``extra`` (T, E) int64 (row i's slots from ``committed`` on, in order, 0-padded) and
+    ``n_extra`` (T,) int32, E = the longest list.
+
+    Example::
+
+        >>> e, n = slot_table(40, np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]]))
+        >>> e.tolist(), n.tolist()
+        ([[40, 0], [40, 41], [40, 42]], [1, 2, 2])
+    """
+    t = visible.shape[0]
+    if t == 1:  # a plain step: the row sees its own slot
+        return np.array([[committed]], np.int64), np.ones(1, np.int32)
+    r, c = np.nonzero(visible)  # row-major: each row's slots in increasing order
+    n = np.bincount(r, minlength=t)  # (T,)
+    extra = np.zeros((t, int(n.max())), np.int64)  # (T, E)
+    first = np.cumsum(n) - n  # (T,) each row's first entry in r, c
+    extra[r, np.arange(r.size) - first[r]] = committed + c
+    return extra, n.astype(np.int32)
+
+
 def causal_plan(start: int, t: int, native: Any) -> Plan:
     """The native kernel's plan for ``t`` prompt rows at slots ``start ..``: row i sees
     the cache below ``start`` and slots ``start .. start + i`` (what ``make_plan`` gives

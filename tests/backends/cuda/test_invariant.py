@@ -174,3 +174,23 @@ def test_causal_plan_is_the_plan_of_prompt_rows(start, t):
     assert torch.equal(got.extra, want.extra)
     with pytest.raises(ValueError, match="t >= 1"):
         causal_plan(start, 0, native=None)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_slot_table_is_the_plan_of_a_tree(seed):
+    """``slot_table`` (a verify's native tables from its mask, without a loop over rows)
+    equals ``make_plan`` over the row lists the mask stands for, for trees of 1 to 32 rows."""
+    from draftwise.backends.cuda.invariant import make_plan, slot_table
+
+    rng = np.random.default_rng(seed)
+    for n in (0, 1, 2, 5, 31):
+        parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]
+        tree = DraftTree(rng.integers(0, 50, n), np.array(parents[:n], np.int64))
+        vis = tree.verify_mask()  # (n + 1, n + 1)
+        start = int(rng.integers(0, 100))
+        rows = [(start + np.flatnonzero(vis[i])).tolist() for i in range(n + 1)]
+        want = make_plan(start, rows, torch.device("cpu"), native=object())
+        extra, n_extra = slot_table(start, vis.astype(np.int64))
+        assert extra.dtype == np.int64 and n_extra.dtype == np.int32
+        assert np.array_equal(extra, want.extra.numpy())
+        assert np.array_equal(n_extra, want.n_extra.numpy())

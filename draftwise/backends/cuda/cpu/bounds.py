@@ -102,6 +102,50 @@ def check_slots(
     _seen.last = (extra, n_extra, key)  # holds them: their ids cannot be reused meanwhile
 
 
+def check_slot_arrays(
+    extra: np.ndarray, n_extra: np.ndarray, rows: int, tmax: int, committed: int = 0
+) -> None:
+    """``check_slots`` for numpy tables (``FusedForward.step``): ``extra`` (rows, E) int64
+    and ``n_extra`` (rows,) int32, C-contiguous; every count in ``0..E``, every counted
+    slot in ``0..tmax-1``, ``committed`` in ``0..tmax``. Checked on every call (the
+    tables are made per step), in plain Python for a verify's few rows.
+
+    Example::
+
+        >>> check_slot_arrays(np.array([[3, 9]]), np.array([1], np.int32), 1, tmax=8)
+        >>> check_slot_arrays(np.array([[3, 9]]), np.array([2], np.int32), 1, tmax=8)
+        Traceback (most recent call last):
+        ...
+        ValueError: slot extra[0, 1] = 9 outside the cache's 0..7
+    """
+    for name, a, dtype, ndim in (("extra", extra, np.int64, 2), ("n_extra", n_extra, np.int32, 1)):
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim:
+            raise ValueError(f"{name} must be a {ndim}-d {np.dtype(dtype).name} array, got {a!r:.60}")
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be contiguous")
+    t, e = extra.shape
+    if t != rows or n_extra.shape[0] != rows:
+        raise ValueError(f"slot tables of {t} and {n_extra.shape[0]} rows for a call of {rows} rows")
+    if not 0 <= committed <= tmax:
+        raise ValueError(f"committed={committed} outside the cache's 0..{tmax} slots")
+    if t * e <= 1024:
+        for i, (c, row) in enumerate(zip(n_extra.tolist(), extra.tolist())):
+            if not 0 <= c <= e:
+                raise ValueError(f"n_extra holds counts outside 0..{e}")
+            for j, v in enumerate(row[:c]):
+                if not 0 <= v < tmax:
+                    raise ValueError(f"slot extra[{i}, {j}] = {v} outside the cache's 0..{tmax - 1}")
+        return
+    if t:
+        if int(n_extra.min()) < 0 or int(n_extra.max()) > e:
+            raise ValueError(f"n_extra holds counts outside 0..{e}")
+        used = np.arange(e) < n_extra[:, None]  # (T, E)
+        bad = used & ((extra < 0) | (extra >= tmax))
+        if bad.any():
+            i, j = (int(v) for v in np.argwhere(bad)[0])
+            raise ValueError(f"slot extra[{i}, {j}] = {int(extra[i, j])} outside the cache's 0..{tmax - 1}")
+
+
 def _version(t: torch.Tensor) -> int:
     """The in-place write counter; -1 for inference tensors, which have none (the plans
     built under ``torch.inference_mode`` are made per step and never written after)."""

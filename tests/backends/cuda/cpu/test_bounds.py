@@ -124,6 +124,10 @@ def fused_stub(lib: Recorder, t_max: int = TMAX) -> FusedForward:
     f._final = torch.zeros(32, dtype=torch.bfloat16)
     f._cos = torch.zeros(t_max, D)
     f._sin = torch.zeros(t_max, D)
+    f._embed_bits = np.zeros((100, 32), np.uint16)  # ``step``'s numpy views
+    f._cos_np, f._sin_np = f._cos.numpy(), f._sin.numpy()
+    f._weights = (None,) * 7
+    f._cache_ok = None
     return f
 
 
@@ -151,6 +155,38 @@ def test_the_fused_forward_checks_its_write_and_slots_before_c():
     with pytest.raises(ValueError, match="cache of shape"):
         f.model.cache = torch.zeros(2, 2, HKV, TMAX, 8)
         f(tokens, pos, 60, plan(2, 60, [[60], [60, 61]]), 2)
+    assert lib.calls == ["dw_forward"]
+
+
+def test_the_fused_step_checks_its_arguments_before_c():
+    """``FusedForward.step`` (a verify's numpy path) refuses every out-of-range token,
+    position, slot and count, and a malformed table or cache, before C runs."""
+    lib = Recorder()
+    f = fused_stub(lib)
+    tok, pos = np.array([1, 2]), np.array([60, 61])
+    extra, n = np.array([[60, 0], [60, 61]]), np.array([1, 2], np.int32)
+    f.step(tok, pos, 60, 60, extra, n, 2)  # in range: reaches C
+    assert lib.calls == ["dw_forward"]
+    bad = [
+        ((np.array([1, 100]), pos, 60, 60, extra, n, 2), "token ids \\[1, 100\\] outside the vocabulary 0..99"),
+        ((np.array([-1, 2]), pos, 60, 60, extra, n, 2), "outside the vocabulary"),
+        ((tok, np.array([60, 64]), 60, 60, extra, n, 2), "positions \\[60, 64\\] outside the rope table's 0..63"),
+        ((tok, np.array([60]), 60, 60, extra, n, 2), "\\(T,\\) each"),
+        ((tok, pos, 63, 60, extra, n, 2), "start=63 \\+ n_write=2 exceeds its 64 slots"),
+        ((tok, pos, 60, 60, np.array([[60, 0], [60, 64]]), n, 2), "slot extra\\[1, 1\\] = 64 outside"),
+        ((tok, pos, 60, 60, np.array([[-3, 0], [60, 61]]), n, 2), "slot extra\\[0, 0\\] = -3 outside"),
+        ((tok, pos, 60, 60, extra, np.array([1, 3], np.int32), 2), "counts outside 0..2"),
+        ((tok, pos, 60, 60, extra.astype(np.int32), n, 2), "extra must be a 2-d int64 array"),
+        ((tok, pos, 60, 60, extra, n.astype(np.int64), 2), "n_extra must be a 1-d int32 array"),
+        ((tok, pos, 60, 60, np.asfortranarray(np.array([[60, 0], [60, 61]])), n, 2), "extra must be contiguous"),
+        ((tok, pos, 60, 65, extra, n, 2), "committed=65 outside"),
+    ]
+    for args, needle in bad:
+        with pytest.raises(ValueError, match=needle):
+            f.step(*args)
+    with pytest.raises(ValueError, match="cache of shape"):
+        f.model.cache = torch.zeros(2, 2, HKV, TMAX, 8)
+        f.step(tok, pos, 60, 60, extra, n, 2)
     assert lib.calls == ["dw_forward"]
 
 

@@ -146,6 +146,50 @@ def test_compiled_and_eager_forwards_agree_bit_for_bit(tmp_path, default_model_d
 
 
 @pytest.mark.parametrize("tiny", [True, False], ids=["tiny", "default-model"])
+def test_the_numpy_step_gives_the_bits_of_the_plan_path(tmp_path, default_model_dir, tiny):
+    """A verify of up to MAX_ROWS rows goes through ``FusedForward.step`` (numpy tables,
+    no torch glue); with it taken away the same verifies take ``make_plan`` and
+    ``__call__``: the same logits, hidden rows and cache bits over a tree verify, its
+    commit (the kept slots gathered down) and the next plain step."""
+    from draftwise.backends.cuda.invariant import MAX_ROWS
+
+    if tiny:
+        model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+        vocab = 97
+    else:
+        model_dir, vocab = default_model_dir, 49152
+    rng = np.random.default_rng(11)
+    ctx = rng.integers(0, vocab, 60)
+    parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, MAX_ROWS - 1)]  # 32 rows
+    tree = DraftTree(rng.integers(0, vocab, MAX_ROWS - 1), np.array(parents))
+    runs, calls = [], []
+    for numpy_step in (True, False):
+        be = _backend(model_dir, True)
+        fused = be.model.fused
+        if not numpy_step:
+            fused.step = None  # the plan path: make_plan, then FusedForward.__call__
+        seen = []
+        real_call = fused.__call__
+        fused.__class__ = type("Counted", (FusedForward,), {
+            "__call__": lambda self, *a: seen.append(1) or real_call(*a)})
+        be.prefill(ctx[:-1])
+        seen.clear()  # (the prompt goes through __call__ either way)
+        first = be.verify(int(ctx[-1]), tree, need_logits=True)
+        x = be.model.last_x.clone()
+        deep = int(np.argmax(tree.depth))
+        path = [0] + [p + 1 for p in tree.path_to(deep)]  # the deepest node's path
+        be.commit(np.array(path))
+        second = be.verify(int(tree.tokens[deep]), DraftTree.empty(), need_logits=True)
+        calls.append(len(seen))
+        runs.append((first.logits, x, second.logits, be.model.last_x.clone(),
+                     be.model.cache[:, :, :, :100].clone()))
+    assert calls == [0, 2]  # the numpy step took both verifies, the plan path both
+    for a, b in zip(*runs):
+        a, b = (torch.as_tensor(v) for v in (a, b))
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("tiny", [True, False], ids=["tiny", "default-model"])
 def test_a_prefilled_prompt_has_the_bits_of_plain_steps(tmp_path, default_model_dir, tiny, monkeypatch):
     """The prompt goes through the verify's own forward: its K/V, and the logits after it,
     equal those of the same tokens fed one plain step at a time (chunks of 16 rows here,
