@@ -124,8 +124,12 @@ class FusedForward:
         self._cos = model.cos.float().contiguous()  # (T_max, D)
         self._sin = model.sin.float().contiguous()
         # ``step``'s numpy views of the same memory: bfloat16 bits of the embedding rows
-        # (V, C) uint16, and the rope tables (T_max, D) float32
-        self._embed_bits = model.embed.contiguous().view(torch.int16).numpy().view(np.uint16)
+        # (V, C) uint16 (None for another dtype: ``step`` casts its rows as ``__call__``
+        # does), and the rope tables (T_max, D) float32
+        emb = model.embed
+        self._embed_bits: np.ndarray | None = None
+        if emb.dtype == torch.bfloat16 and emb.device.type == "cpu" and emb.is_contiguous():
+            self._embed_bits = emb.view(torch.int16).numpy().view(np.uint16)
         self._cos_np, self._sin_np = self._cos.numpy(), self._sin.numpy()
         self._weights = (*self._w, *self._nw, self._final.data_ptr())  # dw_forward's fixed args
         self._cache_ok: Any = None  # the cache tensor last found well-formed (``_check_cache``)
@@ -203,7 +207,7 @@ class FusedForward:
         tmax = cache.shape[3]
         check_write(start, n_write, tmax, rows=t)
         check_slot_arrays(extra, n_extra, t, tmax, committed)
-        vocab, tpos = self._embed_bits.shape[0], self._cos_np.shape[0]
+        vocab, tpos = self.model.embed.shape[0], self._cos_np.shape[0]
         if t <= 64:  # a verify's rows: plain Python on a few ints beats numpy calls, cold
             tl, pl = tokens.tolist(), positions.tolist()
             if min(tl) < 0 or max(tl) >= vocab:
@@ -215,7 +219,11 @@ class FusedForward:
                 raise ValueError(f"a token id outside the vocabulary 0..{vocab - 1}")
             if int(positions.min()) < 0 or int(positions.max()) >= tpos:
                 raise ValueError(f"a position outside the rope table's 0..{tpos - 1}")
-        x = self._embed_bits[tokens]  # (T, C) bfloat16 bits, a fresh contiguous array
+        if self._embed_bits is not None:
+            x = self._embed_bits[tokens]  # (T, C) bfloat16 bits, a fresh contiguous array
+        else:  # (T, C) the rows cast as ``__call__`` casts them
+            rows = self.model.embed[torch.from_numpy(tokens)].to(torch.bfloat16).contiguous()
+            x = rows.view(torch.int16).numpy()
         cos, sin = self._cos_np[positions], self._sin_np[positions]  # (T, D) float32 each
         out = torch.empty((2, t, cfg.dim), dtype=torch.bfloat16)  # last_x, xn
         failed = self.lib.dw_forward(

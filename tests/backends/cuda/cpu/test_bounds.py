@@ -124,7 +124,7 @@ def fused_stub(lib: Recorder, t_max: int = TMAX) -> FusedForward:
     f._final = torch.zeros(32, dtype=torch.bfloat16)
     f._cos = torch.zeros(t_max, D)
     f._sin = torch.zeros(t_max, D)
-    f._embed_bits = np.zeros((100, 32), np.uint16)  # ``step``'s numpy views
+    f._embed_bits = None  # ``step`` casts the float32 rows (its bfloat16 view: None)
     f._cos_np, f._sin_np = f._cos.numpy(), f._sin.numpy()
     f._weights = (None,) * 7
     f._cache_ok = None
