@@ -134,7 +134,7 @@ def slot_table(committed: int, visible: np.ndarray) -> tuple[np.ndarray, np.ndar
         ([[40, 0], [40, 41], [40, 42]], [1, 2, 2])
     """
     t = visible.shape[0]
-    if t == 1:  # a plain step: the row sees its own slot
+    if t == 1 and visible[0, 0]:  # a plain step: the row sees its own slot
         return np.array([[committed]], np.int64), np.ones(1, np.int32)
     r, c = np.nonzero(visible)  # row-major: each row's slots in increasing order
     n = np.bincount(r, minlength=t)  # (T,)
