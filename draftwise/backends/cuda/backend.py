@@ -506,7 +506,7 @@ class TorchBackend(CacheBook, BatchMixin):
         if not self._pending:
             raise DraftwiseError("commit() without a preceding verify()")
         kl = keep.tolist()  # a step's few rows: checked in plain Python (a per-step path)
-        ordered = bool(kl) and kl[0] == 0 and all(a < b for a, b in zip(kl, kl[1:]))
+        ordered = bool(kl) and kl[0] == 0 and all(a < b for a, b in zip(kl, kl[1:], strict=False))
         if not ordered or kl[-1] >= self._pending:
             raise DraftwiseError(
                 f"commit rows {kl} must start at 0 and increase below {self._pending}"

@@ -118,23 +118,29 @@ def check_slot_arrays(
         ...
         ValueError: slot extra[0, 1] = 9 outside the cache's 0..7
     """
-    for name, a, dtype, ndim in (("extra", extra, np.int64, 2), ("n_extra", n_extra, np.int32, 1)):
+    tables = (("extra", extra, np.int64, 2), ("n_extra", n_extra, np.int32, 1))
+    for name, a, dtype, ndim in tables:
         if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim:
-            raise ValueError(f"{name} must be a {ndim}-d {np.dtype(dtype).name} array, got {a!r:.60}")
+            kind = np.dtype(dtype).name
+            raise ValueError(f"{name} must be a {ndim}-d {kind} array, got {a!r:.60}")
         if not a.flags.c_contiguous:
             raise ValueError(f"{name} must be contiguous")
     t, e = extra.shape
     if t != rows or n_extra.shape[0] != rows:
-        raise ValueError(f"slot tables of {t} and {n_extra.shape[0]} rows for a call of {rows} rows")
+        raise ValueError(
+            f"slot tables of {t} and {n_extra.shape[0]} rows for a call of {rows} rows"
+        )
     if not 0 <= committed <= tmax:
         raise ValueError(f"committed={committed} outside the cache's 0..{tmax} slots")
     if t * e <= 1024:
-        for i, (c, row) in enumerate(zip(n_extra.tolist(), extra.tolist())):
+        for i, (c, row) in enumerate(zip(n_extra.tolist(), extra.tolist(), strict=True)):
             if not 0 <= c <= e:
                 raise ValueError(f"n_extra holds counts outside 0..{e}")
             for j, v in enumerate(row[:c]):
                 if not 0 <= v < tmax:
-                    raise ValueError(f"slot extra[{i}, {j}] = {v} outside the cache's 0..{tmax - 1}")
+                    raise ValueError(
+                        f"slot extra[{i}, {j}] = {v} outside the cache's 0..{tmax - 1}"
+                    )
         return
     if t:
         if int(n_extra.min()) < 0 or int(n_extra.max()) > e:
@@ -143,7 +149,9 @@ def check_slot_arrays(
         bad = used & ((extra < 0) | (extra >= tmax))
         if bad.any():
             i, j = (int(v) for v in np.argwhere(bad)[0])
-            raise ValueError(f"slot extra[{i}, {j}] = {int(extra[i, j])} outside the cache's 0..{tmax - 1}")
+            raise ValueError(
+                f"slot extra[{i}, {j}] = {int(extra[i, j])} outside the cache's 0..{tmax - 1}"
+            )
 
 
 def _version(t: torch.Tensor) -> int:

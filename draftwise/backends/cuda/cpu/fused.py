@@ -202,7 +202,9 @@ class FusedForward:
         cfg = self.model.cfg
         t = int(tokens.shape[0]) if tokens.ndim == 1 else -1
         if t < 1 or positions.shape != (t,):
-            raise ValueError(f"tokens {tokens.shape} and positions {positions.shape}: (T,) each, T >= 1")
+            raise ValueError(
+                f"tokens {tokens.shape} and positions {positions.shape}: (T,) each, T >= 1"
+            )
         cache = self._check_cache()
         tmax = cache.shape[3]
         check_write(start, n_write, tmax, rows=t)
@@ -251,13 +253,7 @@ class FusedForward:
             raise ValueError(
                 f"tokens {tuple(tokens.shape)} and positions {tuple(positions.shape)}"
             )
-        cache = m.cache
-        if not cache.is_contiguous():
-            raise ValueError("the fused forward needs a contiguous cache")
-        check_cache("cache", cache, 5)
-        want = (cfg.n_layers, 2, cfg.n_kv_heads, cache.shape[3], cfg.head_dim)
-        if tuple(cache.shape) != want:
-            raise ValueError(f"cache of shape {tuple(cache.shape)}, the model needs {want}")
+        cache = self._check_cache()
         tmax = cache.shape[3]
         check_write(start, n_write, tmax, rows=t)
         extra, n_extra = plan.extra, plan.n_extra

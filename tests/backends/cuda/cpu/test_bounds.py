@@ -167,19 +167,25 @@ def test_the_fused_step_checks_its_arguments_before_c():
     extra, n = np.array([[60, 0], [60, 61]]), np.array([1, 2], np.int32)
     f.step(tok, pos, 60, 60, extra, n, 2)  # in range: reaches C
     assert lib.calls == ["dw_forward"]
+    good = (tok, pos, 60, 60, extra, n, 2)
+
+    def but(**change):  # ``good`` with some arguments changed
+        names = ("tok", "pos", "start", "committed", "extra", "n", "n_write")
+        return tuple(change.get(k, v) for k, v in zip(names, good, strict=True))
+
     bad = [
-        ((np.array([1, 100]), pos, 60, 60, extra, n, 2), "token ids \\[1, 100\\] outside the vocabulary 0..99"),
-        ((np.array([-1, 2]), pos, 60, 60, extra, n, 2), "outside the vocabulary"),
-        ((tok, np.array([60, 64]), 60, 60, extra, n, 2), "positions \\[60, 64\\] outside the rope table's 0..63"),
-        ((tok, np.array([60]), 60, 60, extra, n, 2), "\\(T,\\) each"),
-        ((tok, pos, 63, 60, extra, n, 2), "start=63 \\+ n_write=2 exceeds its 64 slots"),
-        ((tok, pos, 60, 60, np.array([[60, 0], [60, 64]]), n, 2), "slot extra\\[1, 1\\] = 64 outside"),
-        ((tok, pos, 60, 60, np.array([[-3, 0], [60, 61]]), n, 2), "slot extra\\[0, 0\\] = -3 outside"),
-        ((tok, pos, 60, 60, extra, np.array([1, 3], np.int32), 2), "counts outside 0..2"),
-        ((tok, pos, 60, 60, extra.astype(np.int32), n, 2), "extra must be a 2-d int64 array"),
-        ((tok, pos, 60, 60, extra, n.astype(np.int64), 2), "n_extra must be a 1-d int32 array"),
-        ((tok, pos, 60, 60, np.asfortranarray(np.array([[60, 0], [60, 61]])), n, 2), "extra must be contiguous"),
-        ((tok, pos, 60, 65, extra, n, 2), "committed=65 outside"),
+        (but(tok=np.array([1, 100])), "token ids \\[1, 100\\] outside the vocabulary 0..99"),
+        (but(tok=np.array([-1, 2])), "outside the vocabulary"),
+        (but(pos=np.array([60, 64])), "positions \\[60, 64\\] outside the rope table's 0..63"),
+        (but(pos=np.array([60])), "\\(T,\\) each"),
+        (but(start=63), "start=63 \\+ n_write=2 exceeds its 64 slots"),
+        (but(extra=np.array([[60, 0], [60, 64]])), "slot extra\\[1, 1\\] = 64 outside"),
+        (but(extra=np.array([[-3, 0], [60, 61]])), "slot extra\\[0, 0\\] = -3 outside"),
+        (but(n=np.array([1, 3], np.int32)), "counts outside 0..2"),
+        (but(extra=extra.astype(np.int32)), "extra must be a 2-d int64 array"),
+        (but(n=n.astype(np.int64)), "n_extra must be a 1-d int32 array"),
+        (but(extra=np.asfortranarray(extra)), "extra must be contiguous"),
+        (but(committed=65), "committed=65 outside"),
     ]
     for args, needle in bad:
         with pytest.raises(ValueError, match=needle):

@@ -113,15 +113,18 @@ def _eager(be: TorchBackend) -> TorchBackend:
     return be
 
 
+def _model_dir(tmp_path, default_model_dir, tiny: bool):
+    """(model directory, vocabulary size): a tiny random llama, or the default model."""
+    if tiny:
+        return _save_tiny(tmp_path / "m", "llama")[0], 97
+    return default_model_dir, 49152
+
+
 @pytest.mark.parametrize("tiny", [True, False], ids=["tiny", "default-model"])
 def test_compiled_and_eager_forwards_agree_bit_for_bit(tmp_path, default_model_dir, tiny):
     """The fused C forward and its op-by-op torch replay give the same logits, hidden
     states and K/V cache bits: over a tree verify, its commit, and the next plain step."""
-    if tiny:
-        model_dir, _ = _save_tiny(tmp_path / "m", "llama")
-        vocab = 97
-    else:
-        model_dir, vocab = default_model_dir, 49152
+    model_dir, vocab = _model_dir(tmp_path, default_model_dir, tiny)
     rng = np.random.default_rng(5)
     ctx = rng.integers(0, vocab, 70)
     tree = DraftTree(rng.integers(0, vocab, 9), np.array([-1, 0, 0, 1, 1, 2, -1, 6, 7]))
@@ -153,11 +156,7 @@ def test_the_numpy_step_gives_the_bits_of_the_plan_path(tmp_path, default_model_
     commit (the kept slots gathered down) and the next plain step."""
     from draftwise.backends.cuda.invariant import MAX_ROWS
 
-    if tiny:
-        model_dir, _ = _save_tiny(tmp_path / "m", "llama")
-        vocab = 97
-    else:
-        model_dir, vocab = default_model_dir, 49152
+    model_dir, vocab = _model_dir(tmp_path, default_model_dir, tiny)
     rng = np.random.default_rng(11)
     ctx = rng.integers(0, vocab, 60)
     parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, MAX_ROWS - 1)]  # 32 rows
@@ -171,7 +170,7 @@ def test_the_numpy_step_gives_the_bits_of_the_plan_path(tmp_path, default_model_
         seen = []
         real_call = fused.__call__
         fused.__class__ = type("Counted", (FusedForward,), {
-            "__call__": lambda self, *a: seen.append(1) or real_call(*a)})
+            "__call__": lambda self, *a, seen=seen, call=real_call: seen.append(1) or call(*a)})
         be.prefill(ctx[:-1])
         seen.clear()  # (the prompt goes through __call__ either way)
         first = be.verify(int(ctx[-1]), tree, need_logits=True)
@@ -184,7 +183,7 @@ def test_the_numpy_step_gives_the_bits_of_the_plan_path(tmp_path, default_model_
         runs.append((first.logits, x, second.logits, be.model.last_x.clone(),
                      be.model.cache[:, :, :, :100].clone()))
     assert calls == [0, 2]  # the numpy step took both verifies, the plan path both
-    for a, b in zip(*runs):
+    for a, b in zip(*runs, strict=True):
         a, b = (torch.as_tensor(v) for v in (a, b))
         assert torch.equal(a, b)
 
