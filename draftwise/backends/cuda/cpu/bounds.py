@@ -73,32 +73,14 @@ def check_slots(
     ``0..E`` and every counted slot in ``0..tmax-1``; ``committed`` in ``0..tmax``."""
     check_tensor("extra", extra, torch.int64, 2)
     check_tensor("n_extra", n_extra, torch.int32, 1)
-    t, e = extra.shape
-    if t != rows or n_extra.shape[0] != rows:
-        raise ValueError(
-            f"slot tables of {t} and {n_extra.shape[0]} rows for a call of {rows} rows"
-        )
-    if not 0 <= committed <= tmax:
-        raise ValueError(f"committed={committed} outside the cache's 0..{tmax} slots")
+    _check_table_rows(extra.shape[0], n_extra.shape[0], rows, tmax, committed)
     key = (_version(extra), _version(n_extra), tmax)
     seen = getattr(_seen, "last", None)
     if seen is not None and seen[0] is extra and seen[1] is n_extra and seen[2] == key:
         return  # this table, unchanged, was checked for this cache size (another layer)
-    if t:
-        # numpy views of the CPU tensors: a per-step path, where each small torch op
-        # cost several microseconds more than numpy's
-        counts = n_extra.numpy()  # (T,) int32
-        if int(counts.min()) < 0 or int(counts.max()) > e:
-            raise ValueError(f"n_extra holds counts outside 0..{e}")
-        if e:
-            slots = extra.numpy()  # (T, E) int64
-            used = np.arange(e) < counts[:, None]  # (T, E)
-            bad = used & ((slots < 0) | (slots >= tmax))
-            if bad.any():
-                i, j = (int(v) for v in np.argwhere(bad)[0])
-                raise ValueError(
-                    f"slot extra[{i}, {j}] = {int(slots[i, j])} outside the cache's 0..{tmax - 1}"
-                )
+    # numpy views of the CPU tensors: a per-step path, where each small torch op cost
+    # several microseconds more than numpy's
+    _check_slot_values(extra.numpy(), n_extra.numpy(), tmax)
     _seen.last = (extra, n_extra, key)  # holds them: their ids cannot be reused meanwhile
 
 
@@ -108,7 +90,7 @@ def check_slot_arrays(
     """``check_slots`` for numpy tables (``FusedForward.step``): ``extra`` (rows, E) int64
     and ``n_extra`` (rows,) int32, C-contiguous; every count in ``0..E``, every counted
     slot in ``0..tmax-1``, ``committed`` in ``0..tmax``. Checked on every call (the
-    tables are made per step), in plain Python for a verify's few rows.
+    tables are made per step).
 
     Example::
 
@@ -125,32 +107,46 @@ def check_slot_arrays(
             raise ValueError(f"{name} must be a {ndim}-d {kind} array, got {a!r:.60}")
         if not a.flags.c_contiguous:
             raise ValueError(f"{name} must be contiguous")
-    t, e = extra.shape
-    if t != rows or n_extra.shape[0] != rows:
-        raise ValueError(
-            f"slot tables of {t} and {n_extra.shape[0]} rows for a call of {rows} rows"
-        )
+    _check_table_rows(extra.shape[0], n_extra.shape[0], rows, tmax, committed)
+    _check_slot_values(extra, n_extra, tmax)
+
+
+def _check_table_rows(t: int, n: int, rows: int, tmax: int, committed: int) -> None:
+    """Slot tables of ``t`` and ``n`` rows serve a call of ``rows`` rows; ``committed``
+    is in ``0..tmax``."""
+    if t != rows or n != rows:
+        raise ValueError(f"slot tables of {t} and {n} rows for a call of {rows} rows")
     if not 0 <= committed <= tmax:
         raise ValueError(f"committed={committed} outside the cache's 0..{tmax} slots")
-    if t * e <= 1024:
-        for i, (c, row) in enumerate(zip(n_extra.tolist(), extra.tolist(), strict=True)):
-            if not 0 <= c <= e:
-                raise ValueError(f"n_extra holds counts outside 0..{e}")
+
+
+def _check_slot_values(slots: np.ndarray, counts: np.ndarray, tmax: int) -> None:
+    """Every count of ``counts`` (T,) in ``0..E`` and every counted slot of ``slots`` (T, E)
+    in ``0..tmax-1``; the first bad slot in row-major order is named. A verify's few rows
+    in plain Python (each numpy call costs more right after a forward), many in numpy."""
+    t, e = slots.shape
+    if not t:
+        return
+    if t * e <= 1024:  # a verify's few rows
+        cl = counts.tolist()
+        if min(cl) < 0 or max(cl) > e:
+            raise ValueError(f"n_extra holds counts outside 0..{e}")
+        for i, (c, row) in enumerate(zip(cl, slots.tolist(), strict=True)):
             for j, v in enumerate(row[:c]):
                 if not 0 <= v < tmax:
                     raise ValueError(
                         f"slot extra[{i}, {j}] = {v} outside the cache's 0..{tmax - 1}"
                     )
         return
-    if t:
-        if int(n_extra.min()) < 0 or int(n_extra.max()) > e:
-            raise ValueError(f"n_extra holds counts outside 0..{e}")
-        used = np.arange(e) < n_extra[:, None]  # (T, E)
-        bad = used & ((extra < 0) | (extra >= tmax))
+    if int(counts.min()) < 0 or int(counts.max()) > e:
+        raise ValueError(f"n_extra holds counts outside 0..{e}")
+    if e:
+        used = np.arange(e) < counts[:, None]  # (T, E)
+        bad = used & ((slots < 0) | (slots >= tmax))
         if bad.any():
             i, j = (int(v) for v in np.argwhere(bad)[0])
             raise ValueError(
-                f"slot extra[{i}, {j}] = {int(extra[i, j])} outside the cache's 0..{tmax - 1}"
+                f"slot extra[{i}, {j}] = {int(slots[i, j])} outside the cache's 0..{tmax - 1}"
             )
 
 
