@@ -4,6 +4,8 @@ whatever else is computed with it and however many threads run it."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -190,24 +192,28 @@ def test_grouped_queries_have_the_bits_of_one_row_head_a_task(lib, kv_dtype, hea
     head's queries in groups (``group_rows8``: each key widened once for 2 or 4
     queries). Every query must keep the bits of the (row, head) tasks: committed keys
     that end inside a block of 8 and in whole blocks, 1 to 13 tree rows (groups of 4, 2
-    and a single query), 1 and 2 threads."""
+    and a single query) and a prompt's causal chunk (each row's keys run on from the
+    committed ones: shared with its group up to its own end), 1 and 2 threads."""
     if not lib.dw_attention_group(-1):
         pytest.skip("this build has no AVX2 grouped path (AVX-512, or no AVX2)")
     old = torch.get_num_threads()
     try:
-        for committed in (0, 5, 8, 203, 517):
-            for n in (1, 2, 3, 5, 13):
+        cases = itertools.product((0, 5, 8, 203, 517), (1, 2, 3, 5, 13), (0, 1))
+        for committed, n, causal in cases:
+            if causal:  # row i: slots committed .. committed + i (the fused prefill's plan)
+                rows = [list(range(committed, committed + i + 1)) for i in range(n)]
+            else:
                 rows = _rows(committed, n, np.random.default_rng(committed + n))
-                q, kv = _case(committed + n, committed, rows, head)
-                kv = kv.to(kv_dtype)
-                tables = _extra(make_plan(committed, rows, torch.device("cpu"), lib))
-                for threads in (1, 2):
-                    torch.set_num_threads(threads)
-                    got = {}
-                    for grouped in (0, 1):
-                        lib.dw_attention_group(grouped)
-                        got[grouped] = native.native_attention(lib, q, kv, committed, *tables)
-                    assert torch.equal(got[0], got[1]), (committed, n, threads)
+            q, kv = _case(committed + n, committed, rows, head)
+            kv = kv.to(kv_dtype)
+            tables = _extra(make_plan(committed, rows, torch.device("cpu"), lib))
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                got = {}
+                for grouped in (0, 1):
+                    lib.dw_attention_group(grouped)
+                    got[grouped] = native.native_attention(lib, q, kv, committed, *tables)
+                assert torch.equal(got[0], got[1]), (committed, n, causal, threads)
     finally:
         lib.dw_attention_group(1)
         torch.set_num_threads(old)
