@@ -6,6 +6,8 @@ is cheap, deterministic and has structure a drafter can learn.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from draftwise.core.backend import Verified
@@ -63,6 +65,15 @@ class FakeBackend:
         assert self.pending is not None and keep[0] == 0
         self.cache += [self.pending[i] for i in keep.tolist()]
         self.pending = None
+
+
+class SlowFake(FakeBackend):
+    """Each verify takes 2 ms per row: a slow device, and a cost curve that grows with
+    rows by more than a busy test worker's timing noise."""
+
+    def verify(self, root: int, tree: DraftTree, need_logits: bool) -> Verified:
+        time.sleep(0.002 * (len(tree) + 1))
+        return super().verify(root, tree, need_logits)
 
 
 class FakeBatchBackend(FakeBackend):

@@ -7,15 +7,7 @@ import time
 import numpy as np
 
 from draftwise.core.costprofile import measure_cost_curve
-from tests.fakes import FakeBackend
-
-
-class SlowFake(FakeBackend):
-    """Each verify takes 2 ms per row: a slow device."""
-
-    def verify(self, root, tree, need_logits):  # type: ignore[no-untyped-def]
-        time.sleep(0.002 * (len(tree) + 1))
-        return super().verify(root, tree, need_logits)
+from tests.fakes import FakeBackend, SlowFake
 
 
 def test_full_curve_grows_with_rows():
