@@ -4,7 +4,6 @@ built-in model shapes are the published ones of ``../shared/model-shapes.json``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -12,21 +11,19 @@ from pathlib import Path
 import pytest
 
 from tests.prompts import shared_dir
+from tests.scripts import load_script
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("device_check", ROOT / "scripts" / "device_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _device_check():
+    return load_script("device_check")
 
 
 def test_the_smoke_run_passes_and_writes_its_report(tmp_path):
-    dc = load_script()
+    dc = _device_check()
     rc = dc.main(["--device", "cpu", "--tiny", "--out", str(tmp_path)])
     assert rc == 0
     res = json.loads((tmp_path / "device_check.json").read_text())
@@ -44,7 +41,7 @@ def test_a_missing_gpu_is_one_line(capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
-    assert load_script().main([]) == 2
+    assert _device_check().main([]) == 2
     assert "no CUDA device" in capsys.readouterr().err
 
 
@@ -53,7 +50,7 @@ def test_the_shapes_are_the_published_ones():
     if not path.is_file():
         pytest.skip(f"no {path} (a user's clone has no ../shared)")
     published = json.loads(path.read_text())
-    dc = load_script()
+    dc = _device_check()
     for ours, theirs in (("smollm2-135m", "SmolLM2-135M"), ("llama-3.2-1b", "Llama-3.2-1B"),
                          ("llama-3.1-8b", "Llama-3.1-8B")):
         for key, value in dc.SHAPES[ours].items():
@@ -96,7 +93,7 @@ def test_best_takes_the_fastest_variant_whose_buckets_agree_and_runs_identity_un
     """``--only best``: a variant faster at one row but slower at 64 rows, or whose
     buckets disagree, is passed over; the checks then run under the chosen switches,
     and ``--set`` switches survive a variant (restored, not deleted)."""
-    dc = load_script()
+    dc = _device_check()
     monkeypatch.setattr(dc, "VARIANTS", {"a": {"DRAFTWISE_MM_WIDE": "1"}, "b": {"DRAFTWISE_TRITON_NORM": "1"},
                                          "c": {"DRAFTWISE_ATTN_CHUNK": "128"}})
     monkeypatch.setenv("DRAFTWISE_ATTN_CHUNK", "64")  # as --set leaves it

@@ -1,9 +1,6 @@
 """scripts/replay_drafters.py: its oracle backend must reproduce decoding exactly, or the
 tuning it supports would be fitted to a wrong simulation."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
 from draftwise.core.autotune import CostModel
@@ -12,14 +9,11 @@ from draftwise.drafting import make_drafter
 from draftwise.core.drafters.base import NoDrafter
 from draftwise.core.sampling import SamplingParams
 from tests.fakes import FakeBackend
+from tests.scripts import load_script
 
 
 def _oracle_cls():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "replay_drafters.py"
-    spec = importlib.util.spec_from_file_location("replay_drafters", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.OracleBackend
+    return load_script("replay_drafters").OracleBackend
 
 
 def test_oracle_replays_a_real_run_step_for_step():
@@ -42,10 +36,7 @@ def test_a_device_check_curve_or_one_of_its_variants_is_read(tmp_path):
 
     import pytest
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "replay_drafters.py"
-    spec = importlib.util.spec_from_file_location("replay_drafters", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("replay_drafters")
     check = tmp_path / "device_check.json"
     check.write_text(json.dumps({"curves": {"llama-3.1-8b": {
         "rows": [1, 16, 64], "graph_ms": [6.2, 6.4, 6.5],

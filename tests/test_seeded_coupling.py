@@ -1,21 +1,15 @@
 """scripts/seeded_coupling.py: its agreement rates must be the chances it names, or the
 conclusion drawn from them (a shared uniform does not beat argmax drafting) is unfounded."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from draftwise.core.sampling import sample
+from tests.scripts import load_script
 
 
 def _agreement():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "seeded_coupling.py"
-    spec = importlib.util.spec_from_file_location("seeded_coupling", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.agreement
+    return load_script("seeded_coupling").agreement
 
 
 def test_a_perfect_drafter_agrees_at_every_uniform():
