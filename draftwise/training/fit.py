@@ -49,6 +49,8 @@ class TrainSettings:
     ckpt_every: int = 100
     seed: int = 0
     context_rows: int = 16  # context networks: rows per step (batch // rows positions each)
+    soft_weight: float = 0.0  # weight of the target's own distribution (``soft_term``)
+    soft_temp: float = 1.0  # that distribution's temperature
 
 
 def choose_vocab(
@@ -83,10 +85,11 @@ def _batch(
     idx: torch.Tensor,
     t: int,
     target: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Inputs (B, T), hidden (B, C) and labels (B, T) (draft-vocabulary columns); the
-    labels are ``target`` (N, L) (the target's argmax on teacher-forced data) where given,
-    else the next tokens."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs (B, T), hidden (B, C), labels (B, T) (draft-vocabulary columns) and the
+    hidden states that predicted the labels (B, T, C) (``soft_term``); the labels are
+    ``target`` (N, L) (the target's argmax on teacher-forced data) where given, else the
+    next tokens."""
     rows, pos = idx[:, 0], idx[:, 1]  # (B,), (B,)
     length = tokens.shape[1]
     offs = torch.arange(t + 1)  # (T+1,)
@@ -96,15 +99,61 @@ def _batch(
     want = seq if target is None else target[rows[:, None], at]  # (B, T+1)
     labels = col[want[:, 1:]]  # (B, T)
     labels = torch.where(ok[:, 1:], labels, torch.full_like(labels, IGNORE))
-    return seq[:, :t], hidden[rows, pos].float(), labels
+    return seq[:, :t], hidden[rows, pos].float(), labels, hidden[rows[:, None], at[:, 1:]]
+
+
+@dataclass(frozen=True)
+class Soft:
+    """The target's own distribution as a second training signal (``soft_term``):
+    ``head`` (K, C) its output rows of the draft vocabulary, ``weight`` the term's weight,
+    ``temp`` the distribution's temperature."""
+
+    head: torch.Tensor
+    weight: float
+    temp: float = 1.0
+
+
+def soft_term(
+    logp: torch.Tensor, hs: torch.Tensor, labels: torch.Tensor, soft: Soft
+) -> torch.Tensor:
+    """Cross-entropy of the drafter's log-probs ``logp`` (..., K) against the target's own
+    next-token distribution over the draft vocabulary, ``softmax(hs @ head.T / temp)``
+    (``hs`` (..., C): the final-norm hidden states that predicted the labels; the target's
+    logits of the draft vocabulary, renormalised over it), summed over the predictions
+    with a label (``labels != IGNORE``). The greedy label says which token the target
+    picked; this says how it weighed the others (knowledge distillation), which a
+    network of a few million parameters learns from more per sample.
+
+    Example: a drafter whose log-probs are the target's own renormalised ones scores the
+    entropy of that distribution, the least any drafter can::
+
+        >>> head = torch.eye(3); hs = torch.tensor([[2.0, 0.0, 0.0]])
+        >>> p = torch.softmax(hs @ head.T, -1)
+        >>> bool(torch.isclose(soft_term(p.log(), hs, torch.tensor([0]), Soft(head, 1.0)),
+        ...                    -(p * p.log()).sum()))
+        True
+    """
+    with torch.no_grad():
+        p = torch.softmax((hs.float() @ soft.head.T) / soft.temp, dim=-1)  # (..., K)
+    ce = -(p * logp).sum(-1)  # (...)
+    return ce[labels != IGNORE].sum()
 
 
 def loss_of(
-    net: ReDrafterNet, inputs: torch.Tensor, h: torch.Tensor, labels: torch.Tensor
+    net: ReDrafterNet,
+    inputs: torch.Tensor,
+    h: torch.Tensor,
+    labels: torch.Tensor,
+    hs: torch.Tensor | None = None,
+    soft: Soft | None = None,
 ) -> torch.Tensor:
-    """Cross-entropy summed over the T positions, averaged over the batch."""
+    """Cross-entropy summed over the T positions, averaged over the batch; with ``soft``
+    (and ``hs`` (B, T, C)), plus ``soft.weight`` x ``soft_term``."""
     logits = net.unroll(h, inputs)  # (B, T, K)
     ce = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE, reduction="sum")
+    if soft is not None and soft.weight > 0:
+        assert hs is not None
+        ce = ce + soft.weight * soft_term(logits.log_softmax(-1), hs, labels, soft)
     return ce / inputs.shape[0]
 
 
@@ -118,12 +167,24 @@ def train(
     progress: Callable[[int, int, float], None] | None = None,
     labels: np.ndarray | None = None,
     prompt: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    head: torch.Tensor | None = None,
 ) -> list[float]:
     """Train ``net`` in place (resuming from ``out`` when a state is there); returns the
     loss of every step run. ``labels`` (N, L): the target's argmax on teacher-forced
     rows (``redrafter_data.write_forced_shards``); None for greedy continuations.
     ``prompt``: the rows' prompt tokens, hidden states and valid (N, W)
-    (``batch_greedy.prompt_states``), the context a context network also attends over."""
+    (``batch_greedy.prompt_states``), the context a context network also attends over.
+    ``head`` (K, C): the target's output rows of the draft vocabulary, needed when
+    ``s.soft_weight > 0`` (``soft_term``)."""
+    soft = None
+    if s.soft_weight > 0:
+        k, c = net.cfg.draft_vocab, net.cfg.hidden
+        if head is None or tuple(head.shape) != (k, c):
+            got = None if head is None else tuple(head.shape)
+            raise DraftwiseError(
+                f"soft_weight > 0 needs the target's head rows ({k}, {c}), got {got}"
+            )
+        soft = Soft(head.float(), s.soft_weight, s.soft_temp)
     vd_roots = torch.from_numpy(valid)  # (N, L): the roots are continuation positions
     offset = 0
     if net.cfg.context_dim and prompt is not None:
@@ -160,14 +221,14 @@ def train(
         if net.cfg.context_dim:
             rows, pos = _context_rows(vd_roots, s, step)
             pos = pos + offset
-            loss = context_loss(net, *_context_batch(net, tk, hd, vd, rows, pos, s.t))
+            loss = context_loss(net, *_context_batch(net, tk, hd, vd, rows, pos, s.t), soft=soft)
         else:
             perm = torch.randperm(
                 idx.shape[0], generator=torch.Generator().manual_seed(s.seed + epoch)
             )
             sel = idx[perm[i * s.batch : (i + 1) * s.batch]]
-            inputs, h, want = _batch(net, tk, hd, vd, col, sel, s.t, lb)
-            loss = loss_of(net, inputs, h, want)
+            inputs, h, want, hs = _batch(net, tk, hd, vd, col, sel, s.t, lb)
+            loss = loss_of(net, inputs, h, want, hs, soft)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -226,8 +287,9 @@ def _context_batch(
     pos: torch.Tensor,
     t: int,
 ) -> tuple[torch.Tensor, ...]:
-    """Rows (R,) and roots (R, Q) -> inputs (R, Q, T), h (R, Q, C), labels (R, Q, T) and
-    the rows' context: keys, values (R, L, D), columns (R, L), visibility (R, Q, L).
+    """Rows (R,) and roots (R, Q) -> inputs (R, Q, T), h (R, Q, C), labels (R, Q, T), the
+    rows' context: keys, values (R, L, D), columns (R, L), visibility (R, Q, L), and the
+    states that predicted the labels (R, Q, T, C) (``soft_term``).
     ``hidden[j]`` predicted ``tokens[j]``, so entry ``j`` (``context_entries``) is
     ``(hidden[j], tokens[j], tokens[j+1], hidden[j+1])``; a root at ``pos`` sees the
     entries before it (``j < pos``: ``tokens[pos]`` is the last one's next token)."""
@@ -251,7 +313,8 @@ def _context_batch(
     lab = net.col[seq[..., 1:]]  # (R, Q, T)
     lab = torch.where(good[..., 1:] & (lab >= 0), lab, torch.full_like(lab, IGNORE))
     h = hid[ri[..., 0], pos]  # (R, Q, C)
-    return seq[..., :t], h, lab, keys, values, cols, ok
+    hs = hid[ri, at[..., 1:]]  # (R, Q, T, C): the states that predicted the labels
+    return seq[..., :t], h, lab, keys, values, cols, ok, hs
 
 
 def context_unroll(
@@ -281,12 +344,18 @@ def context_loss(
     values: torch.Tensor,
     cols: torch.Tensor,
     ok: torch.Tensor,
+    hs: torch.Tensor | None = None,
+    soft: Soft | None = None,
 ) -> torch.Tensor:
-    """Negative log-likelihood summed over the T positions, averaged over the samples."""
+    """Negative log-likelihood summed over the T positions, averaged over the samples;
+    with ``soft`` (and ``hs`` (R, Q, T, C)), plus ``soft.weight`` x ``soft_term``."""
     logp = context_unroll(net, inputs, h, keys, values, cols, ok)  # (R, Q, T, K)
     nll = F.nll_loss(
         logp.reshape(-1, logp.shape[-1]), labels.reshape(-1), ignore_index=IGNORE, reduction="sum"
     )
+    if soft is not None and soft.weight > 0:
+        assert hs is not None
+        nll = nll + soft.weight * soft_term(logp, hs, labels, soft)
     return nll / (inputs.shape[0] * inputs.shape[1])
 
 
@@ -341,7 +410,7 @@ def chain_acceptance(
             rows = torch.arange(r0, min(r0 + 8, tk.shape[0]))
             length = roots.shape[1]
             pos = offset + torch.arange(length - 1).expand(rows.numel(), -1)  # (R, L-1)
-            inputs, h, want, *ctx = _context_batch(net, tk, hd, vd, rows, pos, t)
+            inputs, h, want, *ctx, _ = _context_batch(net, tk, hd, vd, rows, pos, t)
             right = context_unroll(net, inputs, h, *ctx).argmax(-1) == want  # (R, Q, T)
             rights.append(right[torch.from_numpy(roots[r0 : r0 + rows.numel(), :-1])])
             if sum(x.shape[0] for x in rights) >= n:
@@ -349,6 +418,6 @@ def chain_acceptance(
         return torch.cat(rights).cumprod(dim=1).float().mean(0).numpy()
     idx = torch.from_numpy(samples(valid, t, None if labels is None else tokens == labels))
     idx = idx[torch.randperm(idx.shape[0], generator=torch.Generator().manual_seed(1))[:n]]
-    inputs, h, want = _batch(net, tk, hd, vd, col, idx, t, lb)
+    inputs, h, want, _ = _batch(net, tk, hd, vd, col, idx, t, lb)
     right = net.unroll(h, inputs).argmax(-1) == want  # (B, T)
     return right.cumprod(dim=1).float().mean(0).numpy()

@@ -47,14 +47,18 @@ class TrainRecipe:
     epochs: float = 2.0
     lr: float = 1e-3
     train_batch: int = 512
+    soft_weight: float = 0.0  # + this x the target's own distribution's cross-entropy
+    soft_temp: float = 1.0  # that distribution's temperature
 
     def check(self) -> None:
         """One-line error naming the first out-of-range setting (before any work)."""
         for f in fields(self):
             v = getattr(self, f.name)
             low = 0 if f.name in ("forced_batches", "forced_skip", "context_dim") else 1
-            if f.name in ("epochs", "lr") and not v > 0:
+            if f.name in ("epochs", "lr", "soft_temp") and not v > 0:
                 raise DraftwiseError(f"--{f.name.replace('_', '-')} must be > 0, got {v}")
+            if f.name == "soft_weight" and not v >= 0:
+                raise DraftwiseError(f"--soft-weight must be >= 0, got {v}")
             if isinstance(v, int) and v < low:
                 raise DraftwiseError(f"--{f.name.replace('_', '-')} must be >= {low}, got {v}")
         if self.context_dim % self.context_heads:
@@ -173,6 +177,8 @@ def train_redrafter(
             held_prompt = tuple(a[held_rows] for a in got)
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
         embed = f.get_tensor("model.embed_tokens.weight").float()  # (V, C)
+        # the target's output rows (tied to the embeddings unless it has its own head)
+        out_rows = f.get_tensor("lm_head.weight").float() if "lm_head.weight" in f.keys() else embed
     vocab, cover = choose_vocab(labels, valid, recipe.draft_vocab, int(embed.shape[0]))
     tok_id = Tokenizer.from_dir(model_dir).identity()
     cfg = ReDrafterConfig(
@@ -199,7 +205,8 @@ def train_redrafter(
             )
     net = ReDrafterNet(cfg, embed, torch.from_numpy(vocab))
     s = TrainSettings(
-        recipe.t, recipe.epochs, recipe.lr, recipe.train_batch, context_rows=recipe.context_rows
+        recipe.t, recipe.epochs, recipe.lr, recipe.train_batch, context_rows=recipe.context_rows,
+        soft_weight=recipe.soft_weight, soft_temp=recipe.soft_temp,
     )
     tbar = tqdm(desc="train (steps)", disable=quiet, file=sys.stderr)
 
@@ -211,7 +218,8 @@ def train_redrafter(
 
     torch.manual_seed(0)
     t1 = time.time()
-    losses = train(net, tokens, hidden, valid, out, s, train_progress, train_labels, prompt)
+    head = out_rows[torch.from_numpy(vocab).long()]  # (K, C)
+    losses = train(net, tokens, hidden, valid, out, s, train_progress, train_labels, prompt, head)
     tbar.close()
     acc = chain_acceptance(net, *held, recipe.t, prompt=held_prompt)
     return {

@@ -195,8 +195,8 @@ def test_context_round_trip(tmp_path):
     tk, hd, vd = (torch.from_numpy(a) for a in (tokens.astype(np.int64), hidden, valid))
     pos = torch.tensor([[3, 7], [1, 10]])
     args = _context_batch(net, tk, hd, vd, torch.arange(2), pos, 3)
-    want = context_unroll(net, args[0], args[1], *args[3:])
-    got = context_unroll(back, args[0], args[1], *args[3:])
+    want = context_unroll(net, args[0], args[1], *args[3:7])
+    got = context_unroll(back, args[0], args[1], *args[3:7])
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert torch.allclose(want.exp().sum(-1), torch.ones(()), atol=1e-4)  # probabilities
 
@@ -221,7 +221,7 @@ def test_context_visibility_is_causal():
     net, _ = _ctx_net(8)
     tokens, hidden, valid = _repeats(1, 10)
     tk, hd, vd = (torch.from_numpy(a) for a in (tokens.astype(np.int64), hidden, valid))
-    *_, ok = _context_batch(net, tk, hd, vd, torch.arange(1), torch.tensor([[0, 4]]), 2)
+    *_, ok, _ = _context_batch(net, tk, hd, vd, torch.arange(1), torch.tensor([[0, 4]]), 2)
     assert ok[0, 0].sum() == 0 and ok[0, 1].tolist() == [True] * 4 + [False] * 6
 
 
