@@ -11,6 +11,8 @@ measures on the held-out roots (the first ~4,100, as ``train-drafter`` reports):
 - ``seeded``: the target's probability, at ``--eval-temp``, of the drafter's first guess:
   how often seeded sampling emits the drafted token (``scripts/seeded_coupling.py``).
 
+``--init fresh`` trains the shipped network's shape and vocabulary from new weights.
+
 Example (the shipped drafter, one epoch on 16 shards, soft term on and off)::
 
     python scripts/kd_finetune.py --data /tmp/rd/data --shards 16 --init shipped \
@@ -74,7 +76,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="a train-drafter data folder")
     ap.add_argument("--shards", type=int, default=16)
-    ap.add_argument("--init", default="shipped", help="a checkpoint folder, or 'shipped'")
+    ap.add_argument("--init", default="shipped",
+                    help="a checkpoint folder, 'shipped', or 'fresh' (the shipped network's "
+                         "shape and vocabulary, new random weights: training from scratch)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--soft-weight", type=float, default=0.0)
     ap.add_argument("--soft-temp", type=float, default=1.0)
@@ -91,6 +95,7 @@ def main() -> None:
     from safetensors import safe_open
 
     from draftwise.backends.cuda.redrafter.checkpoint import load_redrafter, weights_fingerprint
+    from draftwise.backends.cuda.redrafter.net import ReDrafterNet
     from draftwise.drafting.redrafter import SHIPPED
     from draftwise.models.resolve import resolve_model
     from draftwise.models.tokenizer import Tokenizer
@@ -106,9 +111,12 @@ def main() -> None:
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
         embed = f.get_tensor("model.embed_tokens.weight").float()  # (V, C)
         out_rows = f.get_tensor("lm_head.weight").float() if "lm_head.weight" in f.keys() else embed
-    init = SHIPPED if args.init == "shipped" else Path(args.init).expanduser()
+    init = SHIPPED if args.init in ("shipped", "fresh") else Path(args.init).expanduser()
     net = load_redrafter(init, embed, Tokenizer.from_dir(model_dir).identity(),
                          weights_fingerprint(embed))
+    if args.init == "fresh":
+        torch.manual_seed(0)
+        net = ReDrafterNet(net.cfg, embed, net.vocab_ids)
 
     def measure() -> dict[str, Any]:
         net.eval()
