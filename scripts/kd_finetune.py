@@ -92,7 +92,6 @@ def main() -> None:
                          f"{args.shards}, {args.epochs}, {args.lr}, {args.soft_weight}")
 
     import torch
-    from safetensors import safe_open
 
     from draftwise.backends.cuda.redrafter.checkpoint import load_redrafter, weights_fingerprint
     from draftwise.backends.cuda.redrafter.net import ReDrafterNet
@@ -100,6 +99,7 @@ def main() -> None:
     from draftwise.models.resolve import resolve_model
     from draftwise.models.tokenizer import Tokenizer
     from draftwise.training.fit import TrainSettings, chain_acceptance, train
+    from draftwise.training.recipe import target_rows
 
     tk, hd, vd, ptk, phd, pvd = load_first(args.data, args.shards)
     held_rows = np.arange(tk.shape[0]) % 20 == 19
@@ -108,9 +108,7 @@ def main() -> None:
     prompt = tuple(a[~held_rows] for a in (ptk, phd, pvd))
     held_prompt = tuple(a[held_rows] for a in (ptk, phd, pvd))
     model_dir = resolve_model(None)
-    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
-        embed = f.get_tensor("model.embed_tokens.weight").float()  # (V, C)
-        out_rows = f.get_tensor("lm_head.weight").float() if "lm_head.weight" in f.keys() else embed
+    embed, out_rows = target_rows(model_dir)  # (V, C) each
     init = SHIPPED if args.init in ("shipped", "fresh") else Path(args.init).expanduser()
     net = load_redrafter(init, embed, Tokenizer.from_dir(model_dir).identity(),
                          weights_fingerprint(embed))

@@ -73,6 +73,18 @@ class TrainRecipe:
             )
 
 
+def target_rows(model_dir: Path) -> tuple[Any, Any]:
+    """The target's input embeddings and output rows, (V, C) float32 each: the output rows
+    are the embeddings (the same tensor) unless the checkpoint has its own
+    ``lm_head.weight``."""
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        embed = f.get_tensor("model.embed_tokens.weight").float()  # (V, C)
+        tied = "lm_head.weight" not in f.keys()
+        return embed, embed if tied else f.get_tensor("lm_head.weight").float()
+
+
 def train_redrafter(
     model_dir: Path, out: Path, prompts: Path, recipe: TrainRecipe, quiet: bool = False
 ) -> dict[str, Any]:
@@ -80,7 +92,6 @@ def train_redrafter(
     summary (sizes, coverage, held-out chain acceptance, times)."""
     import numpy as np
     import torch
-    from safetensors import safe_open
     from tqdm import tqdm
 
     from draftwise.backends.cuda.redrafter.checkpoint import weights_fingerprint
@@ -175,10 +186,7 @@ def train_redrafter(
             assert got is not None  # added above
             prompt = tuple(a[~held_rows] for a in got)
             held_prompt = tuple(a[held_rows] for a in got)
-    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
-        embed = f.get_tensor("model.embed_tokens.weight").float()  # (V, C)
-        # the target's output rows (tied to the embeddings unless it has its own head)
-        out_rows = f.get_tensor("lm_head.weight").float() if "lm_head.weight" in f.keys() else embed
+    embed, out_rows = target_rows(model_dir)
     vocab, cover = choose_vocab(labels, valid, recipe.draft_vocab, int(embed.shape[0]))
     tok_id = Tokenizer.from_dir(model_dir).identity()
     cfg = ReDrafterConfig(

@@ -116,3 +116,18 @@ def test_soft_training_needs_the_head_rows(tmp_path):
 def test_the_recipe_refuses_bad_soft_settings(field, value, match):
     with pytest.raises(DraftwiseError, match=match):
         TrainRecipe(**{field: value}).check()
+
+
+def test_target_rows_are_the_embeddings_unless_the_checkpoint_has_a_head(tmp_path):
+    from safetensors.torch import save_file
+
+    from draftwise.training.recipe import target_rows
+
+    e, h = torch.randn(V, C), torch.randn(V, C)
+    save_file({"model.embed_tokens.weight": e}, str(tmp_path / "model.safetensors"))
+    embed, rows = target_rows(tmp_path)
+    assert rows is embed and torch.equal(embed, e)
+    save_file({"model.embed_tokens.weight": e, "lm_head.weight": h},
+              str(tmp_path / "model.safetensors"))
+    embed, rows = target_rows(tmp_path)
+    assert torch.equal(embed, e) and torch.equal(rows, h)
