@@ -75,12 +75,15 @@ class StepRates:
         if self.warm[way] < self.warmup:
             self.warm[way] += 1
             return
-        if self.steps[way] == 0:
-            self.tokens[way], self.ms[way] = tokens, ms
-        else:
-            keep = 1.0 - self.rate
-            self.tokens[way] = keep * self.tokens[way] + self.rate * tokens
-            self.ms[way] = keep * self.ms[way] + self.rate * ms
+        # the n-th step weighs 1 / n until that falls below ``rate``: the plain mean of
+        # a way's first 1 / rate steps, then running sums. (A first step kept at weight
+        # 1 and each later one at ``rate`` let one step decide for ten: a one-token
+        # chain's first step rejected, its rate read 0.139 tokens/ms against plain's
+        # 0.158 where it made 0.176 on average, and being tried one step in
+        # EXPLORE_EVERY, it stayed below for most of a text.)
+        w = max(self.rate, 1.0 / (self.steps[way] + 1))
+        self.tokens[way] += w * (tokens - self.tokens[way])
+        self.ms[way] += w * (ms - self.ms[way])
         self.steps[way] += 1
 
     def choose(self) -> str:
