@@ -3,6 +3,7 @@ decoding of the same backend, token for token (float32)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.prompts import OWN_PROMPTS, bench_prompts, one_per_category
@@ -51,3 +52,25 @@ def test_identical_specbench(torch_model):
         mats[row["category"]] = lasts["cacheback"].mean_accepted
     print("cacheback mean accepted per category:", mats)
     assert mats["summarization"] > 1.5 or mats["rag"] > 1.5
+
+
+def test_auto_sampling_one_token_or_none_identical_to_plain(torch_model):
+    """At temperature > 0 auto drafts one token with the ReDrafter or none
+    (``SoloPays``: each way timed first, then the one that pays) while its other members
+    sit out and catch up at the next text: two texts in a row, each seeded output equal
+    to ``none``'s, both ways taken, and nothing left behind once the second text began."""
+    import draftwise
+
+    auto = torch_model.drafter("auto")
+    auto.reset()
+    assert auto.sampled is not None  # the default auto has the ReDrafter
+    for prompt in OWN_PROMPTS[:2]:
+        hot, _ = greedy_ids(torch_model, prompt, "none", temperature=0.8, seed=7)
+        steps = list(draftwise.stream_generate(
+            torch_model, prompt, drafter=auto, max_tokens=MAX_TOKENS, temperature=0.8, seed=7))
+        assert steps[-1].token_ids == hot
+        steep = auto._steep(len(hot))  # (a flat curve takes the full way: not this test's)
+        assert not steep or {s.drafted for s in steps} == {0, 1}
+    assert not steep or sum(auto._behind) > 0  # the last text's tokens, not yet shown
+    auto.begin(np.array(hot))
+    assert sum(auto._behind) == 0

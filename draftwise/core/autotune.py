@@ -56,6 +56,7 @@ from draftwise.core.acceptance_model import (  # noqa: F401  (re-exported: the a
 from draftwise.core.costmodel import CostModel
 from draftwise.core.drafters.base import Background, Drafter
 from draftwise.core.drafters.compose import beams_of, load_members, save_members
+from draftwise.core.solo_sampling import SoloPays
 from draftwise.core.step_rates import StepRates
 from draftwise.core.tree import DraftTree, merge_trees, path_reduce
 from draftwise.errors import DraftwiseError
@@ -219,12 +220,22 @@ class AutoDrafter:
         # greedy path a third way, plain, gave 1.10x against 1.12x without it (AMD EPYC
         # Zen 3, `draftwise bench` 42 turns, one run each, 2026-11-27: summarization
         # 1.01x against 0.96x, coding 0.98x against 1.06x); not kept.
+        # Those two ways compared by whole steps' tokens per ms (``StepRates``) drafted
+        # in 40% of seeded Spec-Bench steps, 0.98-1.02x `none` where a fixed one-token
+        # chain made 1.05-1.07x (AMD EPYC Zen 3, five runs): when sampling, the choice is
+        # ``SoloPays``'s, from the drafts' running acceptance and each way's step times.
         self._greedy_rates: StepRates | None = None
-        self._sampling_rates: StepRates | None = None
+        self.sampled: SoloPays | None = None
         if self._solo is not None:
             self._greedy_rates = StepRates(("full", "solo"), EXPLORE_EVERY)
-            self._sampling_rates = StepRates(("solo", "plain"), EXPLORE_EVERY)
+            self.sampled = SoloPays(EXPLORE_EVERY)
         self.rates = self._greedy_rates
+        # tokens each member has not been shown yet (``update``): while steps draft with
+        # the solo member alone or not at all, the others catch up in one ``update``
+        # when they next draft (or at ``begin`` or ``save``); ``_seen`` is the context
+        # of the last update, which holds those tokens
+        self._behind = [0] * len(self.members)
+        self._seen: np.ndarray | None = None
         self.way = "full"  # the way of the last proposal
         self.solo_steps = 0
         self._step_start: float | None = None  # perf_counter at the last proposal
@@ -237,7 +248,7 @@ class AutoDrafter:
     def plan_for(self, sampling: bool) -> None:
         """Plan with the cost curve of the verify path in use (called by the decoder)."""
         self._sampling = sampling
-        self.rates = self._sampling_rates if sampling else self._greedy_rates
+        self.rates = None if sampling else self._greedy_rates
         if not sampling or self._sampling_cost is None:
             self.cost = self.greedy_cost
         else:
@@ -246,6 +257,10 @@ class AutoDrafter:
     def reset(self) -> None:
         for m in self.members:
             m.reset()
+        self._behind = [0] * len(self.members)
+        self._seen = None
+        if self.sampled is not None:
+            self.sampled.reset()
         for i, (bw, t) in self._beams.items():  # a new text starts at the full settings
             self.members[i].bw, self.members[i].t = bw, t  # type: ignore[attr-defined]
         self.acc = AcceptanceModel(n_sources=len(self.members), prob_sources=self._prob_sources)
@@ -259,13 +274,26 @@ class AutoDrafter:
         self._step_start, self._emitted = None, None
         if self.rates is not None:
             self.rates.reset()
+        if self.sampled is not None:
+            self.sampled.new_text()
 
     def begin(self, prompt: np.ndarray) -> None:
+        self._catch_up(self._seen)  # the last text's tokens, before the new one
         self._pending.clear()
         self._context = None
         self._new_text()
         for m in self.members:
             m.begin(prompt)
+
+    def _catch_up(self, context: np.ndarray | None) -> None:
+        """Show each member the tokens it was not shown (``_behind``), the last of
+        ``context``, in one ``update``."""
+        if context is None:
+            return
+        for i, k in enumerate(self._behind):
+            if k:
+                self._behind[i] = 0
+                self.members[i].update(context, k)
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         cap = min(budget, self.max_budget)
@@ -279,11 +307,18 @@ class AutoDrafter:
             # a copied span being accepted goes on (not a measured choice)
             steep = not burst and self._steep(context.size)
             self.way = self.rates.choose() if steep else "full"
-            if self.way == "solo" and cap > 0:
-                return self._propose_solo(context, cap)
-            if self.way == "plain":
-                self.last_budget = 0
-                return DraftTree.empty()
+        elif self._sampling and self.sampled is not None:
+            now = time.perf_counter()
+            if self._step_start is not None and self._emitted is not None:
+                self.sampled.timed(self.way, (now - self._step_start) * 1e3)
+            self._step_start, self._emitted = now, None
+            self.way = self.sampled.choose() if self._steep(context.size) else "full"
+        if self.way == "solo" and cap > 0:
+            return self._propose_solo(context, cap)
+        if self.way == "plain":
+            self.last_budget = 0
+            return DraftTree.empty()
+        self._catch_up(context)  # the members draft: show them every token first
         if cap <= 0:
             self.last_budget = 0
             return DraftTree.empty()
@@ -468,14 +503,27 @@ class AutoDrafter:
 
     def save(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
         """Save the members' learnt state (the acceptance model is cheap to relearn)."""
+        self._catch_up(self._seen)
         save_members(self.members, path, tokenizer_id)
 
     def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
         load_members(self.members, path, tokenizer_id)
 
     def update(self, context: np.ndarray, n_new: int) -> None:
-        for m in self.members:
-            m.update(context, n_new)
+        # a step that drafted with the solo member alone, or not at all: the others are
+        # shown its tokens when they next draft (``_catch_up``; at temperature > 0 that
+        # is the next text's ``begin``: ~0.1 ms a step saved, AMD EPYC Zen 3)
+        lazy = self.way == "plain" or self.way == "solo"
+        for i, m in enumerate(self.members):
+            if lazy and i != self._solo:
+                self._behind[i] += n_new
+            else:  # the last k tokens of the context are new to it
+                k, self._behind[i] = self._behind[i] + n_new, 0
+                m.update(context, k)
+        self._seen = context
+        if self._sampling and self.way == "solo" and self.sampled is not None and self.last_budget:
+            # one token drafted: kept when the step emitted it and the bonus token
+            self.sampled.judged(1 if n_new >= 2 else 0)
         self._emitted = n_new  # the step's tokens, for ``rates`` at the next proposal
         self._context = context  # scored by ``background``, while the next verify runs
 
