@@ -194,15 +194,18 @@ def _recorded_torch_mode(
 ) -> tuple[str | None, bool | str]:
     """The mode ``draftwise tune --modes`` recorded for this device, if any: (dtype,
     invariant); else (None, ``invariant``) and the backend's built-in rule applies. A
-    recorded ``4bit`` applies only to models it computes exactly (a Q4 GGUF's)."""
+    record applies only where it names a lossless mode for this model (``4bit`` only for
+    a Q4 GGUF's model, which it computes exactly; not float32 without the batch-invariant
+    mode on a CPU, which records before 2026-11-29 could name)."""
     from draftwise.backends.cuda.backend import _pick_device
-    from draftwise.backends.cuda.modes import exact_4bit, mode_key
+    from draftwise.backends.cuda.modes import lossless_modes, mode_key
     from draftwise.drafting.assets import recorded_mode
 
     entry = recorded_mode(mode_key())
     if entry is None:
         return None, invariant
-    if entry.get("dtype") == "4bit" and not exact_4bit(model_dir, _pick_device("auto")):
+    recorded = (str(entry.get("dtype")), entry.get("invariant"))
+    if recorded not in lossless_modes(model_dir, _pick_device("auto")):
         return None, invariant
     inv = invariant if invariant != "auto" else bool(entry.get("invariant", "auto"))
     return str(entry["dtype"]), inv

@@ -43,7 +43,7 @@ def test_tune_store_reuse_and_corrupt(default_model_dir, tmp_path, monkeypatch):
     out = draftwise.generate(model, "Say hello.", drafter="auto", max_tokens=8)
     assert out
     assert model.assets.device == model.backend.device_info()
-    assert model.backend.device_info().dtype == "float32" and model.backend.device_info().mode == "normal"
+    assert model.backend.device_info().dtype == "float32" and model.backend.device_info().mode == "invariant"
     # temperature > 0: auto plans with the sampling path's own curve, kept in its own file
     assert model.assets.profile_path(sampling=True) != path
     steep = type(cost)([1, 64], [10.0, 640.0], meta={"path": "sampling (logits)"})

@@ -46,8 +46,13 @@ TORCH_DTYPES = (*DTYPES, "4bit")
 PREFILL_CHUNK = 256  # rows per prefill forward: bounds the (T, S) mask and activations
 DEFAULT_MAX_CACHE = 8192  # slots preallocated when max_cache_len is not given
 # Where "auto" turns the batch-invariant mode on: measured cheap (a 16-row bf16 forward
-# costs about a 1-row one) and needed (bf16 argmax ties flip with the batch shape).
-INVARIANT_AUTO = {("cpu", "bfloat16"), ("cpu", "4bit")}
+# costs about a 1-row one) and needed (bf16 argmax ties flip with the batch shape). And
+# float32 on a CPU: without the mode a row's logits differ with the verify's row count
+# (by ~3e-5: torch's attention and softmax take other paths), which flipped a seeded
+# sample (`redrafter:bw=1,t=1`, T = 0.8, token 94 of a 128-token story, AMD EPYC Zen 3,
+# 2026-11-29); with ``csrc/f32.c`` the mode's verify costs what the normal one does
+# (40-70 ms at 1-4 rows, contexts 256 and 700, the two alternated).
+INVARIANT_AUTO = {("cpu", "bfloat16"), ("cpu", "4bit"), ("cpu", "float32")}
 
 
 def resolve_invariant(invariant: bool | str, device: torch.device, dtype: str) -> bool:

@@ -14,9 +14,9 @@ ms per verify at context 256, ``draftwise tune --modes``, ``bench/results/modes-
 compiled 4-bit kernel (AVX-512 VNNI, or AVX2 with FMA) or bf16 dot-product instructions
 (``avx512_bf16``, ``amx_bf16``) defaults to 4bit for a Q4 GGUF's model; for any other
 model a CPU with bf16 instructions defaults to bfloat16 (invariant), other CPUs, and
-CUDA, to float32 (on a CPU with AVX2 and FMA its matmuls are the compiled, row-invariant
-``csrc/f32.c``: ``f32.py``). 4bit is never a default for a model that is not a Q4 GGUF's: there it
-would round the weights, a different model. ``draftwise tune --modes`` measures the
+CUDA, to float32 (on a CPU batch-invariant too, its matmuls, with AVX2 and FMA, the
+compiled, row-invariant ``csrc/f32.c``: ``f32.py``). 4bit is never a default for a model
+that is not a Q4 GGUF's: there it would round the weights, a different model. ``draftwise tune --modes`` measures the
 candidates on the machine at hand and records the fastest, which then wins over this rule
 (see ``draftwise.drafting.assets.recorded_mode``).
 
@@ -35,8 +35,12 @@ import torch
 from draftwise.core.device import cpu_flags
 
 # (dtype, batch-invariant verification): the modes whose speculative output is plain
-# decoding's, in the order a tie keeps.
+# decoding's, in the order a tie keeps. On a CPU float32 needs the mode too: without it
+# a row's logits differ with the verify's row count by ~3e-5, enough to flip a seeded
+# sample (``backend.INVARIANT_AUTO``). On CUDA the step is exact another way (fixed-shape
+# graph steps on row-invariant kernels, ``docs/cuda.md``): not changed here.
 LOSSLESS_MODES: tuple[tuple[str, bool], ...] = (("float32", False), ("bfloat16", True))
+CPU_LOSSLESS_MODES: tuple[tuple[str, bool], ...] = (("float32", True), ("bfloat16", True))
 FOUR_BIT_MODE = ("4bit", True)
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -55,10 +59,12 @@ def exact_4bit(model_dir: Path | None, device: torch.device) -> bool:
 
 
 def lossless_modes(model_dir: Path | None, device: torch.device) -> tuple[tuple[str, bool], ...]:
-    """The candidate modes for this model and device: ``LOSSLESS_MODES``, and ``4bit``
-    (batch-invariant) where it is exact (``exact_4bit``)."""
+    """The candidate modes for this model and device: ``CPU_LOSSLESS_MODES`` on a CPU,
+    else ``LOSSLESS_MODES``, and ``4bit`` (batch-invariant) where it is exact
+    (``exact_4bit``)."""
+    base = CPU_LOSSLESS_MODES if device.type == "cpu" else LOSSLESS_MODES
     extra = (FOUR_BIT_MODE,) if exact_4bit(model_dir, device) else ()
-    return LOSSLESS_MODES + extra
+    return base + extra
 
 
 def native_4bit() -> bool:

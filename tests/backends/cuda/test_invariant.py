@@ -69,7 +69,11 @@ def test_resolve_invariant():
     cpu = torch.device("cpu")
     assert resolve_invariant("auto", cpu, "bfloat16") is True
     assert resolve_invariant("auto", cpu, "4bit") is True
-    assert resolve_invariant("auto", cpu, "float32") is False
+    # float32 too: without the mode a row's logits moved with the row count (~3e-5) and
+    # a seeded sample flipped (test_float32_default_is_row_invariant)
+    assert resolve_invariant("auto", cpu, "float32") is True
+    assert resolve_invariant(False, cpu, "float32") is False
+    assert resolve_invariant("auto", torch.device("cuda"), "float32") is False
     assert resolve_invariant(True, cpu, "float32") is True
     with pytest.raises(DraftwiseError, match="invariant"):
         resolve_invariant("yes", cpu, "float32")
@@ -90,6 +94,23 @@ def test_default_model_row_invariance(default_model_dir, dtype, ctx_len):
     assert out.logits is not None
     for j, r in enumerate(rows):
         assert torch.equal(torch.from_numpy(out.logits[r]), torch.from_numpy(want[j]))
+
+
+def test_float32_default_is_row_invariant(default_model_dir):
+    """float32 on a CPU takes the batch-invariant mode by default: row 0's logits are the
+    same bits in a 1-, 2- and 4-row verify (in the normal mode they differed by ~3e-5 at
+    every context tried, and a seeded sample flipped), and so is every row of a tree."""
+    be = TorchBackend.from_pretrained(
+        default_model_dir, dtype="float32", device="cpu", max_cache_len=512
+    )
+    assert be.name == "torch-cpu-float32-invariant"
+    ctx = np.random.default_rng(2).integers(0, 49152, 150)
+    be.prefill(ctx[:-1])
+    logits = [be.verify(int(ctx[-1]), DraftTree.chain([5, 6, 7][:n]) if n else DraftTree.empty(),
+                        need_logits=True).logits for n in (0, 1, 3)]
+    assert all(x is not None for x in logits)
+    assert torch.equal(torch.from_numpy(logits[0][0]), torch.from_numpy(logits[1][0]))
+    assert torch.equal(torch.from_numpy(logits[0][0]), torch.from_numpy(logits[2][0]))
 
 
 def _greedy(model, ids, name, n):

@@ -64,10 +64,18 @@ def test_record_round_trip_and_a_corrupt_record_is_ignored(tmp_path):
 def test_load_honours_a_recorded_mode(monkeypatch, default_model_dir):
     import draftwise.drafting.assets as assets
 
-    monkeypatch.setattr(assets, "recorded_mode", lambda key: {"dtype": "float32", "invariant": False})
+    record = {"dtype": "float32", "invariant": True}
+    monkeypatch.setattr(assets, "recorded_mode", lambda key: record)
     m = api.load(default_model_dir, backend="torch")
     assert m.backend.device_info().dtype == "float32"
-    assert m.backend.device_info().mode == "normal"
+    assert m.backend.device_info().mode == "invariant"
+    # a record naming a mode that is not lossless here (float32 without the mode on a
+    # CPU, as records before 2026-11-29 could) is ignored: the rule applies
+    stale = {"dtype": "float32", "invariant": False}
+    monkeypatch.setattr(assets, "recorded_mode", lambda key: stale)
+    info = api.load(default_model_dir, backend="torch").backend.device_info()
+    assert info.mode == "invariant"
+    assert info.dtype == modes.default_dtype(torch.device("cpu"), default_model_dir)
     monkeypatch.setattr(assets, "recorded_mode", lambda key: None)
     monkeypatch.setattr(modes, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
     m = api.load(default_model_dir, backend="torch")
@@ -88,7 +96,7 @@ def test_4bit_is_the_default_only_where_it_is_exact(monkeypatch, tmp_path):
     cpu = torch.device("cpu")
     model_dir, _ = _save_tiny(tmp_path / "m", "llama")
     assert not modes.exact_4bit(model_dir, cpu)
-    assert modes.lossless_modes(model_dir, cpu) == modes.LOSSLESS_MODES
+    assert modes.lossless_modes(model_dir, cpu) == modes.CPU_LOSSLESS_MODES
     monkeypatch.setattr(modes, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
     assert modes.default_dtype(cpu, model_dir) == "bfloat16"
     monkeypatch.setattr(assets, "recorded_mode", lambda key: {"dtype": "4bit", "invariant": True})

@@ -186,7 +186,7 @@ def test_backend_attributes(tiny):
     model_dir, _ = tiny
     be = TorchBackend.from_pretrained(model_dir, device="cpu", max_cache_len=64)
     assert (be.vocab_size, be.context_limit, be.dtype) == (V, 64, "float32")
-    assert be.name == "torch-cpu-float32"
+    assert be.name == "torch-cpu-float32-invariant"  # float32 on a CPU: the mode by default
     assert TorchBackend.from_pretrained(model_dir, device="cpu").context_limit == 256
 
 
