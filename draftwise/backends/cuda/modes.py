@@ -16,9 +16,9 @@ compiled 4-bit kernel (AVX-512 VNNI, or AVX2 with FMA) or bf16 dot-product instr
 model a CPU with bf16 instructions defaults to bfloat16 (invariant), other CPUs, and
 CUDA, to float32 (on a CPU batch-invariant too, its matmuls, with AVX2 and FMA, the
 compiled, row-invariant ``csrc/f32.c``: ``f32.py``). 4bit is never a default for a model
-that is not a Q4 GGUF's: there it would round the weights, a different model. ``draftwise tune --modes`` measures the
-candidates on the machine at hand and records the fastest, which then wins over this rule
-(see ``draftwise.drafting.assets.recorded_mode``).
+that is not a Q4 GGUF's: there it would round the weights, a different model.
+``draftwise tune --modes`` measures the candidates on the machine at hand and records the
+fastest, which then wins over this rule (see ``draftwise.drafting.assets.recorded_mode``).
 
 Example::
 
