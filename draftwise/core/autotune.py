@@ -232,10 +232,9 @@ class AutoDrafter:
         self.rates = self._greedy_rates
         # tokens each member has not been shown yet (``update``): while steps draft with
         # the solo member alone or not at all, the others catch up in one ``update``
-        # when they next draft (or at ``begin`` or ``save``); ``_seen`` is the context
-        # of the last update, which holds those tokens
+        # when they next draft (or at ``begin`` or ``save``), from ``_context`` (the last
+        # update's, which holds those tokens)
         self._behind = [0] * len(self.members)
-        self._seen: np.ndarray | None = None
         self.way = "full"  # the way of the last proposal
         self.solo_steps = 0
         self._step_start: float | None = None  # perf_counter at the last proposal
@@ -258,7 +257,6 @@ class AutoDrafter:
         for m in self.members:
             m.reset()
         self._behind = [0] * len(self.members)
-        self._seen = None
         if self.sampled is not None:
             self.sampled.reset()
         for i, (bw, t) in self._beams.items():  # a new text starts at the full settings
@@ -278,7 +276,7 @@ class AutoDrafter:
             self.sampled.new_text()
 
     def begin(self, prompt: np.ndarray) -> None:
-        self._catch_up(self._seen)  # the last text's tokens, before the new one
+        self._catch_up(self._context)  # the last text's tokens, before the new one
         self._pending.clear()
         self._context = None
         self._new_text()
@@ -503,7 +501,7 @@ class AutoDrafter:
 
     def save(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
         """Save the members' learnt state (the acceptance model is cheap to relearn)."""
-        self._catch_up(self._seen)
+        self._catch_up(self._context)
         save_members(self.members, path, tokenizer_id)
 
     def load(self, path: str | os.PathLike[str], tokenizer_id: str) -> None:
@@ -520,7 +518,6 @@ class AutoDrafter:
             else:  # the last k tokens of the context are new to it
                 k, self._behind[i] = self._behind[i] + n_new, 0
                 m.update(context, k)
-        self._seen = context
         if self._sampling and self.way == "solo" and self.sampled is not None and self.last_budget:
             # one token drafted: kept when the step emitted it and the bonus token
             self.sampled.judged(1 if n_new >= 2 else 0)
