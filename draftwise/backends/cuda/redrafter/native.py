@@ -9,7 +9,7 @@ gate), ``dw_rd_entries`` for the context's new entries (their keys and values), 
 ids, the mixture); ``dw_rd_chain`` runs a whole one-beam draft (``ReDrafter`` at
 ``bw=1``) in one call. Weights are int8 with one float32 scale per output row, rounded as
 the torch step rounds them (the head and the cell in 4-bit values, ``step.FOUR_BIT``,
-which the AVX2 products read packed two a byte: ``pack4``); activations are float32 (the torch step rounds them to
+which the int8 products read packed two a byte: ``pack4``); activations are float32 (the torch step rounds them to
 bfloat16) or int8 with one scale per group of 4 inputs, multiplied by ``vpdpbusd`` where
 the CPU has ``avx512_vnni`` and by ``vpmaddubsw`` elsewhere (AVX2; ``csrc/redrafter.c``;
 an AMD EPYC Zen 3, warm, a three-token chain at 112 entries: 0.52 ms against 0.71 with
@@ -30,7 +30,10 @@ Spec-Bench prompts, ``redrafter:bw=1,t=1``, same CPU): a one-token chain 0.17 ->
 EPYC Zen 5, 2 threads): a three-token chain 0.15-0.16 ms against 0.22-0.24 with float32
 products (warm, a short prompt); with the context attention's heads on the threads too,
 ``redrafter:bw=1,t=3`` drafted 0.37-0.39 ms a step in Spec-Bench against 0.46-0.51
-(``bench/results/specbench-4bit-rdvnni``).
+(``bench/results/specbench-4bit-rdvnni``). Its 4-bit layers read packed there too (half
+their bytes; AMD EPYC Zen 4, a live decode of 26 Spec-Bench prompts, alternating in one
+process: a three-token chain 0.51-0.53 ms against 0.66-0.71 read as bytes, the whole
+proposal 0.82-0.84 against 0.96-1.01).
 
 Example::
 
@@ -106,7 +109,7 @@ def _quantize(
 
 
 def pack4(codes: torch.Tensor) -> torch.Tensor:
-    """(N, K) int8 codes in -7..7 (K a multiple of 32) -> (N, K / 2) uint8, as the AVX2
+    """(N, K) int8 codes in -7..7 (K a multiple of 32) -> (N, K / 2) uint8, as the int8
     step reads them: in each group of 32 inputs, byte t holds code t + 8 in its low four
     bits and code 16 + t + 8 in its high four.
 
@@ -131,8 +134,9 @@ class NativeRecurrentStep(TorchRecurrentStep):
 
     def __init__(self, net: ReDrafterNet, backend: Any, extend: bool = False, pack4: bool = True) -> None:
         super().__init__(net, backend, int8=True, extend=extend, torch_layers=False)
-        # the 4-bit layers read packed (``pack4``) where the AVX2 products run: half their
-        # bytes, the same results (False: from their int8 codes; tests compare the two)
+        # the 4-bit layers read packed (``pack4``) where the int8 products run (vpdpbusd
+        # or AVX2's): half their bytes, the same results (False: from their int8 codes;
+        # tests compare the two)
         self.pack4 = pack4
         lib = redrafter_lib()
         if lib is None or not native_supported(net):
@@ -254,13 +258,13 @@ class NativeRecurrentStep(TorchRecurrentStep):
     def _layer(self, weight: torch.Tensor, bias: torch.Tensor | None, levels: int = INT8_LEVELS) -> _I8:
         codes, scale, b = _quantize(weight, bias, levels)
         n, k = codes.shape
-        # (n, k) the codes + 128 (vpdpbusd's unsigned side), where that path runs
-        wu = None
-        if k % 64 == 0 and self._int8 == 1:
-            wu = (codes.to(torch.int16) + 128).to(torch.uint8).contiguous()
-        # (n, k / 2) a 4-bit layer's codes two a byte, where the AVX2 products run (the
+        # (n, k / 2) a 4-bit layer's codes two a byte, where the int8 products run (the
         # same values as ``codes``: the int32 sums, so the bits, do not change)
-        w4 = pack4(codes) if levels <= 7 and k % 64 == 0 and self._int8 == 2 and self.pack4 else None
+        w4 = pack4(codes) if levels <= 7 and k % 64 == 0 and self._int8 in (1, 2) and self.pack4 else None
+        # (n, k) the codes + 128 (vpdpbusd's unsigned side), where that path runs unpacked
+        wu = None
+        if k % 64 == 0 and self._int8 == 1 and w4 is None:
+            wu = (codes.to(torch.int16) + 128).to(torch.uint8).contiguous()
         self._keep.extend((codes, scale, b, wu, w4))
         return _I8(
             w=codes.data_ptr(), scale=scale.data_ptr(),
