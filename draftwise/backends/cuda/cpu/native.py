@@ -35,7 +35,8 @@ All are compiled into one library, once per machine, with the system C compiler 
 then rename) and called through ``ctypes``. Without a compiler, or with
 ``DRAFTWISE_NATIVE=0``, the backend keeps ``block_attention`` and torch's int4 kernel
 (other bits, equally invariant; the choice is made once per process, so one backend never
-mixes the two).
+mixes the two); a build that fails warns once (``RuntimeWarning``, the compiler's first
+error).
 
 Example::
 
@@ -52,6 +53,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -142,6 +144,16 @@ def _build(cc: str) -> Path | None:
             [cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True, timeout=limit
         )
         if done.returncode != 0:
+            # say so once: without the kernels every mode runs slower (the 4bit default
+            # falls back to float32), which a user would otherwise never learn why
+            lines = done.stderr.decode(errors="replace").splitlines()
+            first = next((ln for ln in lines if "error" in ln), lines[0] if lines else "")
+            warnings.warn(
+                f"draftwise: the compiled CPU kernels did not build with {cc} "
+                f"({first.strip()[:200]}); running without them, slower "
+                "(DRAFTWISE_NATIVE=0 skips the build)",
+                RuntimeWarning, stacklevel=2,
+            )
             return None
         os.chmod(tmp, 0o755)
         os.replace(tmp, out)

@@ -75,6 +75,15 @@ int dw_rd_ok(void) {
 
 #ifdef DW_RD
 
+/* The 8 lanes of v summed (in this order: the AVX2 vsum, and the AVX2 int8 products' on
+ * an AVX-512 CPU without avx512_vnni, where vf is 16 lanes wide). */
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
 #if defined(__AVX512F__)
 typedef __m512 vf;
 #define VL 16
@@ -102,12 +111,7 @@ static inline vf vcodes(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-static inline float vsum(vf v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
+static inline float vsum(vf v) { return hsum8(v); }
 static inline vf vbf16(const uint16_t *p) {
     return _mm256_castsi256_ps(
         _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
@@ -408,7 +412,7 @@ static inline __attribute__((always_inline)) void dot4q(
         float sc = L->scale[n0 + i], b = L->bias ? L->bias[n0 + i] : 0.0f;
         for (int r = 0; r < 4; r++) {
             if (r >= rb) break;
-            y[r * ldy + n0 + i] = (vsum(acc[i][r]) - qoff[r]) * sc + b;
+            y[r * ldy + n0 + i] = (hsum8(acc[i][r]) - qoff[r]) * sc + b;
         }
     }
 }
