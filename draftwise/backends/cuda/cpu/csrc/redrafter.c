@@ -222,9 +222,9 @@ static int rd_vnni = 1; /* dw_rd_use_vnni(0): the float32 products (tests compar
  * 0.24 warm). The drafts can differ from the float32 path's at near-ties (the target
  * verifies every token). */
 /* x (b, k) rows, row stride ldx -> xq (b, k) int8 q, dx (b, k / 4) the groups' scales,
- * xs (b, k / 4) the groups' sums of q; qoff (b,) = 0 (AVX2's layout). */
+ * xs (b, k / 4) the groups' sums of q. */
 static void quant_rows(const float *x, int64_t ldx, int64_t b, int64_t k, int8_t *xq,
-                       float *dx, float *qoff, int32_t *xs) {
+                       float *dx, int32_t *xs) {
     const __m512i ones = _mm512_set1_epi8(1);
     const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48,
                                             52, 56, 60);
@@ -249,7 +249,6 @@ static void quant_rows(const float *x, int64_t ldx, int64_t b, int64_t k, int8_t
                                              _mm512_loadu_si512((const void *)(xq + r * k + j)));
             _mm512_storeu_si512((void *)(xs + r * (k / 4) + j / 4), qs);
         }
-        qoff[r] = 0.0f;
     }
 }
 
@@ -258,9 +257,8 @@ static void quant_rows(const float *x, int64_t ldx, int64_t b, int64_t k, int8_t
  * [A, A, B, B] of 128 bits, the odd lanes shifted right by 4, masked to 0..15); else
  * from L->wu. */
 static inline __attribute__((always_inline)) void dot4q(
-    const DwI8 *L, int64_t n0, const int8_t *xq, const float *dx, const float *qoff,
-    const int32_t *xs, int rb, float *y, int64_t ldy, const int W4) {
-    (void)qoff;
+    const DwI8 *L, int64_t n0, const int8_t *xq, const float *dx, const int32_t *xs,
+    int rb, float *y, int64_t ldy, const int W4) {
     const int64_t k = L->k, rowb = W4 ? k / 2 : k; /* a row's bytes */
     const uint8_t *w0 = (W4 ? L->w4 : L->wu) + n0 * rowb;
     const __m512i zero = _mm512_setzero_si512();
@@ -306,14 +304,14 @@ static inline __attribute__((always_inline)) void dot4q(
     }
 }
 
-#define QCASE(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), qoff + r0, xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 0); break;
-#define QCASE4(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), qoff + r0, xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1); break;
+#define QCASE(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 0); break;
+#define QCASE4(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1); break;
 #else
 /* Without avx512_vnni (AVX2): the same int8 quantisation per group of 4 inputs, and the
  * exact int32 group sums from vpmaddubsw on |code| and the activations with each code's
  * sign moved onto them (|product| <= 128 x 127, so a pair never saturates int16), then
  * vpmaddwd by ones: one group's 4 products a lane, times the group's scale as above, and
- * no + 128 to take off (qoff = 0):
+ * no + 128 to take off:
  *   y = scale * sum_g dx_g * sum_{i in g} w_i q_i + bias.
  * 6 instructions per output and 32 inputs where the float32 path spends 12. |code| is
  * computed, not stored: a stored copy doubled the bytes a step reads, and the step is
@@ -323,7 +321,7 @@ static inline __attribute__((always_inline)) void dot4q(
  * int32, made here once per row) comes off each int32 group sum, which is then the same
  * number, so the same bits. */
 static void quant_rows(const float *x, int64_t ldx, int64_t b, int64_t k, int8_t *xq,
-                       float *dx, float *qoff, int32_t *xs) {
+                       float *dx, int32_t *xs) {
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     const __m256i eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
     const __m256 sign = _mm256_set1_ps(-0.0f), q127 = _mm256_set1_ps(127.0f);
@@ -350,7 +348,6 @@ static void quant_rows(const float *x, int64_t ldx, int64_t b, int64_t k, int8_t
             _mm256_storeu_si256((__m256i *)(xs + r * (k / 4) + j / 4),
                                 _mm256_madd_epi16(_mm256_maddubs_epi16(eight, p), ones));
         }
-        qoff[r] = 0.0f;
     }
 }
 
@@ -362,8 +359,8 @@ static void quant_rows(const float *x, int64_t ldx, int64_t b, int64_t k, int8_t
  * unpacking (AMD EPYC Zen 3: the 4096-row draft head 168 -> 98 us a chain step on one
  * thread, a three-token chain 0.62-0.67 -> 0.50-0.54 ms on two, warm). */
 static inline __attribute__((always_inline)) void dot4q(
-    const DwI8 *L, int64_t n0, const int8_t *xq, const float *dx, const float *qoff,
-    const int32_t *xs, int rb, float *y, int64_t ldy, const int W4) {
+    const DwI8 *L, int64_t n0, const int8_t *xq, const float *dx, const int32_t *xs,
+    int rb, float *y, int64_t ldy, const int W4) {
     const int64_t k = L->k, rowb = W4 ? k / 2 : k; /* a row's bytes */
     const uint8_t *w0 = W4 ? L->w4 + n0 * rowb : (const uint8_t *)L->w + n0 * k;
     const __m256i ones = _mm256_set1_epi16(1);
@@ -412,13 +409,13 @@ static inline __attribute__((always_inline)) void dot4q(
         float sc = L->scale[n0 + i], b = L->bias ? L->bias[n0 + i] : 0.0f;
         for (int r = 0; r < 4; r++) {
             if (r >= rb) break;
-            y[r * ldy + n0 + i] = (hsum8(acc[i][r]) - qoff[r]) * sc + b;
+            y[r * ldy + n0 + i] = hsum8(acc[i][r]) * sc + b;
         }
     }
 }
 
-#define QCASE(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), qoff + r0, xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 0); break;
-#define QCASE4(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), qoff + r0, xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1); break;
+#define QCASE(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 0); break;
+#define QCASE4(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1); break;
 #endif
 
 /* Which int8 products this build has: 1 vpdpbusd (avx512_vnni, reading ``wu``: the codes
@@ -436,17 +433,16 @@ static void i8_mv(const DwI8 *L, const float *x, int64_t ldx, int64_t b, float *
     int64_t groups = L->n / 4;
     int par = threads > 1 && L->n * L->k * (b < 4 ? b : 4) >= (1 << 17);
     int8_t *xq = NULL; /* the quantised rows where the int8 products run, else NULL */
-    float *dx = NULL, *qoff = NULL;
+    float *dx = NULL;
     int32_t *xs = NULL;
     if (rd_vnni && (RD_Q == 2 || L->wu != NULL || L->w4 != NULL) && L->k % QB == 0) {
-        /* xq (b, k) int8, dx (b, k / 4), qoff (b,), xs (b, k / 4) int32 (AVX2's 4-bit
-         * offsets): the float parts start 64-aligned (no memory: the float32 products) */
-        xq = (int8_t *)malloc((size_t)(b * L->k) + sizeof(float) * (size_t)(2 * b * (L->k / 4) + b));
+        /* xq (b, k) int8, dx (b, k / 4), xs (b, k / 4) int32 (the groups' sums of q):
+         * the float parts start 64-aligned (no memory: the float32 products) */
+        xq = (int8_t *)malloc((size_t)(b * L->k) + sizeof(float) * (size_t)(2 * b * (L->k / 4)));
         if (xq != NULL) {
             dx = (float *)(xq + b * L->k);
-            qoff = dx + b * (L->k / 4);
-            xs = (int32_t *)(qoff + b);
-            quant_rows(x, ldx, b, L->k, xq, dx, qoff, xs);
+            xs = (int32_t *)(dx + b * (L->k / 4));
+            quant_rows(x, ldx, b, L->k, xq, dx, xs);
         }
     }
 #pragma omp parallel for schedule(static) num_threads(threads) if (par)
