@@ -54,25 +54,28 @@ def test_identical_specbench(torch_model):
     assert mats["summarization"] > 1.5 or mats["rag"] > 1.5
 
 
-def test_auto_sampling_one_token_or_none_identical_to_plain(torch_model):
-    """At temperature > 0 auto drafts one token with the ReDrafter or none
-    (``SoloPays``: each way timed first, then the one that pays) while its other members
-    sit out and catch up at the next text: two texts in a row, each seeded output equal
-    to ``none``'s, both ways taken, and nothing left behind once the second text began."""
+def test_auto_sampling_one_token_or_none_identical_to_plain(torch_model, monkeypatch):
+    """At temperature > 0 on a steep curve auto drafts one token with the ReDrafter or
+    none (``SoloPays``: each way timed first, then the one that pays) while its other
+    members sit out and catch up at the next text: two texts in a row, each seeded output
+    equal to ``none``'s, both ways taken, and nothing left behind once the second text
+    began. The curve is taken as steep at every step: the one the suite measured (and
+    learns live, under the other tests' load) may read flat at some steps, which take
+    the full way (a CI run drew a three-token draft so)."""
     import draftwise
 
     # the ReDrafter as a member whatever the curve the suite measured says of its price
     auto = torch_model.drafter("auto:redrafter=on")
     auto.reset()
     assert auto.sampled is not None
+    monkeypatch.setattr(auto, "_steep", lambda context_len: True)
     for prompt in OWN_PROMPTS[:2]:  # 64 tokens: each way is timed 3 times first
         hot, _ = greedy_ids(torch_model, prompt, "none", temperature=0.8, seed=7, max_tokens=64)
         steps = list(draftwise.stream_generate(
             torch_model, prompt, drafter=auto, max_tokens=64, temperature=0.8, seed=7))
         assert steps[-1].token_ids == hot
-        steep = auto._steep(len(hot))  # (a flat curve takes the full way: not this test's)
-        assert not steep or {s.drafted for s in steps} == {0, 1}
-    assert not steep or sum(auto._behind) > 0  # the last text's tokens, not yet shown
+        assert {s.drafted for s in steps} == {0, 1}
+    assert sum(auto._behind) > 0  # the last text's tokens, not yet shown
     auto.begin(np.array(hot))
     assert sum(auto._behind) == 0
 
