@@ -218,6 +218,10 @@ def attention_lib() -> ctypes.CDLL | None:
                     kv = lib.dw_attention_kv  # dw_attention with a cache dtype flag after it
                     kv.restype = ctypes.c_int
                     kv.argtypes = [fn.argtypes[0], p, i32, *fn.argtypes[2:]]
+                    # the tests' switches of how the work is split (never the bits)
+                    for name in ("dw_attention_runs", "dw_forward_split_rows", "dw_int4_split_rows"):
+                        getattr(lib, name).restype = ctypes.c_int
+                        getattr(lib, name).argtypes = [i32]
                     lib.dw_argmax_ok.restype = ctypes.c_int
                     lib.dw_argmax_ok.argtypes = []
                     lib.dw_argmax.restype = ctypes.c_int

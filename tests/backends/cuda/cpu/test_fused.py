@@ -216,6 +216,38 @@ def test_a_prefilled_prompt_has_the_bits_of_plain_steps(tmp_path, default_model_
     assert np.array_equal(whole, steps)
 
 
+@pytest.mark.parametrize("chunk", [16, 48])
+def test_a_prompt_chunk_split_between_threads_has_the_same_bits(default_model_dir, chunk, monkeypatch):
+    """A prompt chunk's per-row work (norms, RoPE and cache writes, SiLU, residual adds,
+    the activations' quantisation: from 16 rows) and its attention (runs of rows a task:
+    from 32) are split between two threads; with the splits off, the same K/V and logits
+    bit for bit."""
+    from draftwise.backends.cuda import backend as backend_mod
+
+    lib = native.int4_lib()
+    monkeypatch.setattr(backend_mod, "PREFILL_CHUNK", chunk)
+    ctx = np.random.default_rng(7).integers(0, 49152, 100)  # (head size 64: the AVX-512 path)
+    old = torch.get_num_threads()
+    runs = []
+    try:
+        torch.set_num_threads(2)
+        for split in (True, False):
+            lib.dw_forward_split_rows(16 if split else 0)
+            lib.dw_int4_split_rows(16 if split else 0)
+            lib.dw_attention_runs(int(split))
+            be = _backend(default_model_dir, True)
+            be.prefill(ctx[:-1])
+            logits = be.verify(int(ctx[-1]), DraftTree.empty(), need_logits=True).logits
+            runs.append((be.model.cache[:, :, :, :99].clone(), torch.as_tensor(logits)))
+    finally:
+        torch.set_num_threads(old)
+        lib.dw_forward_split_rows(16)
+        lib.dw_int4_split_rows(16)
+        lib.dw_attention_runs(1)
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert torch.equal(runs[0][1], runs[1][1])
+
+
 def test_torch_prefill_without_the_fused_forward(tmp_path):
     """Where the fused forward does not apply, the prompt takes torch's ops (and the
     backend says so)."""

@@ -688,6 +688,15 @@ int dw_attention_dpbf16(void) {
 #endif
 }
 
+static int att_runs = 1; /* dw_attention_runs(0): all of a head's rows in one task (tests) */
+
+/* The AVX-512 path's runs of rows (above): ``on`` 1 or 0 sets it (-1 leaves it); returns
+ * the setting. Either way a query gets the same bits (the tests compare them). */
+int dw_attention_runs(int on) {
+    if (on >= 0) att_runs = on != 0;
+    return att_runs;
+}
+
 /* The attention over a float32 (kv_bf16 = 0) or bfloat16 (kv_bf16 = 1) cache. */
 int dw_attention_kv(const float *q, const void *cache, int kv_bf16, int64_t tmax, int h,
                     int hkv, int d, int64_t committed, const int64_t *extra,
@@ -699,24 +708,40 @@ int dw_attention_kv(const float *q, const void *cache, int kv_bf16, int64_t tmax
     for (int i = 0; i < t; i++) most = n_extra[i] > most ? n_extra[i] : most;
     int failed = 0;
 #if defined(__AVX512F__)
-    if (d == 64 || d == 80 || d == 96 || d == 128) { /* one head, all rows, per task */
+    if (d == 64 || d == 80 || d == 96 || d == 128) { /* one head, a run of rows, per task */
         int64_t lds = committed + most + 17; /* scores, padding, the row's 1 / sum last */
-#pragma omp parallel num_threads(threads) if (threads > 1 && h > 1)
+        /* A prompt chunk's rows in runs of rc (16 or more) a task, so that there are
+         * more tasks than heads: with one run of all rows a head (9 tasks for SmolLM2) one
+         * thread took 5 heads and the other 4. A row's operations do not depend on the
+         * run it is in (its key blocks are the same; only how many rows share them while
+         * they sit in L1). A verify's few rows stay in one run: split into runs of one
+         * row, a 4-row verify took 8% longer (each run reads the head's keys again). */
+        int rc = t;
+        if (att_runs && t >= 32 && threads > 1) {
+            int64_t want = (int64_t)t * h / (8 * (int64_t)threads);
+            rc = want < 16 ? 16 : want > t ? t : (int)want;
+        }
+        int nch = (t + rc - 1) / rc;
+        int64_t tasks = (int64_t)h * nch;
+#pragma omp parallel num_threads(threads) if (threads > 1 && tasks > 1)
         {
-            float *s = (float *)malloc(sizeof(float) * (size_t)(t * lds));
-            float *accs = (float *)malloc(sizeof(float) * (size_t)t * 4 * 256);
+            float *s = (float *)malloc(sizeof(float) * (size_t)(rc * lds));
+            float *accs = (float *)malloc(sizeof(float) * (size_t)rc * 4 * 256);
             if (s == NULL || accs == NULL) {
 #pragma omp atomic write
                 failed = 1;
             }
-#pragma omp for schedule(static)
-            for (int hh = 0; hh < h; hh++) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t task = 0; task < tasks; task++) {
                 if (s == NULL || accs == NULL) continue;
+                int hh = (int)(task / nch), r0 = (int)(task % nch) * rc;
+                int rn = t - r0 < rc ? t - r0 : rc;
                 int g = hh / rep;
                 const char *K = (const char *)cache + (size_t)g * tmax * d * elem;
                 const char *V = (const char *)cache + (size_t)(hkv + g) * tmax * d * elem;
-                head_rows_vec(q + (int64_t)hh * d, (int64_t)h * d, K, V, committed, extra, e,
-                              n_extra, t, s, lds, accs, out + (int64_t)hh * d, d, bf);
+                int64_t at = (int64_t)r0 * h * d + (int64_t)hh * d; /* row r0, head hh */
+                head_rows_vec(q + at, (int64_t)h * d, K, V, committed, extra + (int64_t)r0 * e, e,
+                              n_extra + r0, rn, s, lds, accs, out + at, d, bf);
             }
             free(s);
             free(accs);

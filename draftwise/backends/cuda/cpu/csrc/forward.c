@@ -50,13 +50,27 @@ static inline uint16_t to_bf16(float f) { /* round to nearest even, as torch */
     return (uint16_t)((c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);
 }
 
+/* for (int i = 0; i < t; i++) { body }, the rows split between ``par`` threads where par
+ * > 1 (a prompt's chunk: see split_rows), else a plain loop with no OpenMP call at all. A
+ * row's operations are the same either way. The variable holding the count must be named
+ * par (the pragma names it). */
+#define FOR_ROWS(i, t, par, ...)                                                  \
+    do {                                                                          \
+        if ((par) > 1) {                                                          \
+            _Pragma("omp parallel for schedule(static) num_threads(par)")         \
+            for (int i = 0; i < (t); i++) __VA_ARGS__                             \
+        } else {                                                                  \
+            for (int i = 0; i < (t); i++) __VA_ARGS__                             \
+        }                                                                         \
+    } while (0)
+
 /* out = bf16(w * bf16(x / rms(x))) per row, as transformers' LlamaRMSNorm in bf16. The
  * sum of squares: lane l (0..15) adds x[j]^2 for j = l, l + 16, ... in order, then the
  * lanes combine pairwise (8, 4, 2, 1): an order torch can replay op for op (fused_eager.py);
  * c is a multiple of 16. */
 static void rms_norm(const float *x, const uint16_t *w, int t, int c, float eps,
-                     uint16_t *out) {
-    for (int i = 0; i < t; i++) {
+                     uint16_t *out, int par) {
+    FOR_ROWS(i, t, par, {
         const float *xr = x + (int64_t)i * c;
         float acc[16] = {0};
         for (int j = 0; j < c; j += 16)
@@ -67,7 +81,7 @@ static void rms_norm(const float *x, const uint16_t *w, int t, int c, float eps,
         float r = 1.0f / sqrtf(ss / (float)c + eps);
         for (int j = 0; j < c; j++)
             out[(int64_t)i * c + j] = to_bf16(from_bf16(w[j]) * from_bf16(to_bf16(xr[j] * r)));
-    }
+    });
 }
 
 /* rotate_half RoPE of one head vector (D), float32. */
@@ -123,6 +137,18 @@ static void swiglu(const uint16_t *gu, int f, uint16_t *out) {
     }
 }
 
+/* Rows from which the per-row work between the matmuls (norms, RoPE and the cache
+ * writes, SiLU, the residual adds) is split between the threads as well: a prompt's
+ * chunk. Each row's operations are the same either way (the tests compare both); for a
+ * verify's few rows a parallel region costs about what it saves. dw_forward_split_rows
+ * sets it (0: never). */
+static int split_rows = 16;
+
+int dw_forward_split_rows(int rows) {
+    if (rows >= 0) split_rows = rows;
+    return split_rows;
+}
+
 int dw_forward(int n_layers, int c, int h, int hkv, int d, int f, float eps,
                const uint16_t *x_in, int t, const float *cos, const float *sin,
                const uint8_t *const *wqkv, const uint8_t *const *wo,
@@ -138,18 +164,20 @@ int dw_forward(int n_layers, int c, int h, int hkv, int d, int f, float eps,
     uint16_t *act = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)t * (f > c ? f : c));
     float *q = (float *)malloc(sizeof(float) * (size_t)t * h * d);
     float *o = (float *)malloc(sizeof(float) * (size_t)t * h * d);
-    float kr[512]; /* one rotated key before it is rounded into a bfloat16 cache (D <= 512) */
     const size_t elem = kv_bf16 ? sizeof(uint16_t) : sizeof(float);
     int failed = x == NULL || hn == NULL || big == NULL || act == NULL || q == NULL || o == NULL
                  || d > 512;
+    /* threads for the per-row work: 1 below split_rows rows */
+    const int par = split_rows > 0 && t >= split_rows && threads > 1 ? threads : 1;
     if (!failed) {
         for (int64_t i = 0; i < (int64_t)t * c; i++) x[i] = from_bf16(x_in[i]);
         float scale = 1.0f / sqrtf((float)d);
         for (int l = 0; l < n_layers && !failed; l++) {
             char *kv = (char *)cache + (size_t)l * layer_stride * elem;
-            rms_norm(x, attn_norm[l], t, c, eps, hn);
+            rms_norm(x, attn_norm[l], t, c, eps, hn, par);
             failed |= dw_int4_mm(hn, t, c, wqkv[l], nqkv, big, threads);
-            for (int i = 0; i < t; i++) {
+            FOR_ROWS(i, t, par, {
+                float kr[512]; /* a rotated key before it is rounded into a bfloat16 cache */
                 const uint16_t *row = big + (int64_t)i * nqkv;
                 const float *cs = cos + (int64_t)i * d, *sn = sin + (int64_t)i * d;
                 for (int hh = 0; hh < h; hh++) {
@@ -173,22 +201,28 @@ int dw_forward(int n_layers, int c, int h, int hkv, int d, int f, float eps,
                         for (int j = 0; j < d; j++) vslot[j] = from_bf16(vrow[j]);
                     }
                 }
-            }
+            });
             failed |= dw_attention_kv(q, kv, kv_bf16, tmax, h, hkv, d, committed, extra, n_extra,
                                       t, e, o, threads);
-            for (int64_t i = 0; i < (int64_t)t * h * d; i++) hn[i] = to_bf16(o[i]);
-            failed |= dw_int4_mm(hn, t, (int64_t)h * d, wo[l], c, act, threads);
-            for (int64_t i = 0; i < (int64_t)t * c; i++) x[i] += from_bf16(act[i]);
-            rms_norm(x, mlp_norm[l], t, c, eps, hn);
+            const int64_t hd = (int64_t)h * d;
+            FOR_ROWS(i, t, par, {
+                for (int64_t j = i * hd; j < (i + 1) * hd; j++) hn[j] = to_bf16(o[j]);
+            });
+            failed |= dw_int4_mm(hn, t, hd, wo[l], c, act, threads);
+            FOR_ROWS(i, t, par, {
+                for (int64_t j = (int64_t)i * c; j < (int64_t)(i + 1) * c; j++) x[j] += from_bf16(act[j]);
+            });
+            rms_norm(x, mlp_norm[l], t, c, eps, hn, par);
             failed |= dw_int4_mm(hn, t, c, w13[l], 2 * f, big, threads);
-            for (int i = 0; i < t; i++)
-                swiglu(big + (int64_t)i * 2 * f, f, act + (int64_t)i * f);
+            FOR_ROWS(i, t, par, { swiglu(big + (int64_t)i * 2 * f, f, act + (int64_t)i * f); });
             failed |= dw_int4_mm(act, t, f, w2[l], c, hn, threads);
-            for (int64_t i = 0; i < (int64_t)t * c; i++) x[i] += from_bf16(hn[i]);
+            FOR_ROWS(i, t, par, {
+                for (int64_t j = (int64_t)i * c; j < (int64_t)(i + 1) * c; j++) x[j] += from_bf16(hn[j]);
+            });
         }
         if (!failed) {
             for (int64_t i = 0; i < (int64_t)t * c; i++) last_x[i] = to_bf16(x[i]);
-            rms_norm(x, final_norm, t, c, eps, xn);
+            rms_norm(x, final_norm, t, c, eps, xn, par);
         }
     }
     free(x); free(hn); free(big); free(act); free(q); free(o);

@@ -367,6 +367,28 @@ static void tile_any(const uint8_t *tile, int nblk, const int8_t *xq, int64_t k,
 #endif
 }
 
+/* quantise_rows, a prompt chunk's rows (quant_split_rows or more) split between the
+ * threads: each row's codes and scales are its own either way (the tests compare both). */
+static int quant_split_rows = 16;
+
+/* Sets quant_split_rows (0: never split; -1 leaves it) and returns it. */
+int dw_int4_split_rows(int rows) {
+    if (rows >= 0) quant_split_rows = rows;
+    return quant_split_rows;
+}
+
+static void quantise_par(const uint16_t *x, int64_t t, int64_t k, uint8_t bias, int8_t *xq,
+                         float *dx, float *sx, int threads) {
+    int64_t nblk = k / 32;
+    if (threads < 2 || quant_split_rows < 1 || t < quant_split_rows) {
+        quantise_rows(x, t, k, bias, xq, dx, sx);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t r = 0; r < t; r++)
+        quantise_rows(x + r * k, 1, k, bias, xq + r * k, dx + r * nblk, sx + r * nblk);
+}
+
 /* The quantised rows: one allocation for codes and scales (NULL when it fails). */
 static int8_t *alloc_rows(int64_t t, int64_t k, float **dx, float **sx) {
     int64_t nb = t * (k / 32);
@@ -387,7 +409,7 @@ int dw_int4_mm(const uint16_t *x, int64_t t, int64_t k, const uint8_t *packed, i
     float *dx, *sx;
     int8_t *xq = alloc_rows(t, k, &dx, &sx);
     if (xq == NULL) return 1;
-    quantise_rows(x, t, k, 0, xq, dx, sx);
+    quantise_par(x, t, k, 0, xq, dx, sx, threads);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && tiles > 1)
     for (int64_t j = 0; j < tiles; j++) {
         const uint8_t *tile = packed + j * (int64_t)nblk * TILE_BYTES;
@@ -420,7 +442,7 @@ int dw_q8_mm(const uint16_t *x, int64_t t, int64_t k, const uint8_t *packed, int
     float *dx, *sx;
     int8_t *xu = alloc_rows(t, k, &dx, &sx);
     if (xu == NULL) return 1;
-    quantise_rows(x, t, k, Q8_BIAS, xu, dx, sx);
+    quantise_par(x, t, k, Q8_BIAS, xu, dx, sx, threads);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && tiles > 1)
     for (int64_t j = 0; j < tiles; j++) {
         const uint8_t *tile = packed + j * (int64_t)nblk * Q8_TILE_BYTES;
@@ -436,6 +458,11 @@ int dw_q8_mm(const uint16_t *x, int64_t t, int64_t k, const uint8_t *packed, int
 #else
 
 int dw_int4_ok(void) { return 0; }
+
+int dw_int4_split_rows(int rows) {
+    (void)rows;
+    return 0;
+}
 
 int dw_q8_mm(const uint16_t *x, int64_t t, int64_t k, const uint8_t *packed, int64_t n,
              uint16_t *y, int threads) {
