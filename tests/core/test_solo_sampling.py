@@ -49,12 +49,12 @@ def test_the_prior_counts_as_drafts_of_its_mean() -> None:
     assert s.acceptance == 0.3 and s.pays()
     for _ in range(5):
         s.judged(0)
-    assert s.acceptance == pytest.approx(1.2 / 9) and s.optimistic() == pytest.approx(0.36, abs=0.01)
-    assert s.pays()
+    assert s.acceptance == pytest.approx(1.2 / 9)
+    assert s.optimistic() == pytest.approx(0.36, abs=0.01) and s.pays()
     for _ in range(30):
         s.judged(0)
-    assert s.acceptance == pytest.approx(1.2 / 39) and s.optimistic() == pytest.approx(0.086, abs=0.001)
-    assert not s.pays()
+    assert s.acceptance == pytest.approx(1.2 / 39)
+    assert s.optimistic() == pytest.approx(0.086, abs=0.001) and not s.pays()
     s.reset()
     assert s.acceptance == 0.3 and s.steps == 0 and s.step_ms("solo") is None
 
