@@ -690,6 +690,24 @@ int dw_attention_dpbf16(void) {
 
 static int att_runs = 1; /* dw_attention_runs(0): all of a head's rows in one task (tests) */
 
+#if defined(__AVX512F__)
+/* Task ``task`` of dw_attention_kv's AVX-512 path: head task / nch, its rows r0 .. r0 +
+ * rc - 1 (r0 = (task % nch) rc, fewer at the end), through head_rows_vec. */
+static void head_run(const float *q, const void *cache, size_t elem, int64_t tmax, int h,
+                     int hkv, int rep, int d, int64_t committed, const int64_t *extra, int e,
+                     const int32_t *n_extra, int t, int rc, int nch, int64_t task, float *s,
+                     int64_t lds, float *accs, float *out, int bf) {
+    int hh = (int)(task / nch), r0 = (int)(task % nch) * rc;
+    int rn = t - r0 < rc ? t - r0 : rc;
+    int g = hh / rep;
+    const char *K = (const char *)cache + (size_t)g * tmax * d * elem;
+    const char *V = (const char *)cache + (size_t)(hkv + g) * tmax * d * elem;
+    int64_t at = (int64_t)r0 * h * d + (int64_t)hh * d; /* row r0, head hh */
+    head_rows_vec(q + at, (int64_t)h * d, K, V, committed, extra + (int64_t)r0 * e, e,
+                  n_extra + r0, rn, s, lds, accs, out + at, d, bf);
+}
+#endif
+
 /* The AVX-512 path's runs of rows (above): ``on`` 1 or 0 sets it (-1 leaves it); returns
  * the setting. Either way a query gets the same bits (the tests compare them). */
 int dw_attention_runs(int on) {
@@ -731,17 +749,18 @@ int dw_attention_kv(const float *q, const void *cache, int kv_bf16, int64_t tmax
 #pragma omp atomic write
                 failed = 1;
             }
+            if (nch == 1) { /* a verify: a head a task, as before the runs (static) */
+#pragma omp for schedule(static)
+                for (int64_t task = 0; task < tasks; task++)
+                    if (s != NULL && accs != NULL)
+                        head_run(q, cache, elem, tmax, h, hkv, rep, d, committed, extra, e,
+                                 n_extra, t, rc, nch, task, s, lds, accs, out, bf);
+            } else { /* a prompt chunk's runs, as the threads come free */
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t task = 0; task < tasks; task++) {
-                if (s == NULL || accs == NULL) continue;
-                int hh = (int)(task / nch), r0 = (int)(task % nch) * rc;
-                int rn = t - r0 < rc ? t - r0 : rc;
-                int g = hh / rep;
-                const char *K = (const char *)cache + (size_t)g * tmax * d * elem;
-                const char *V = (const char *)cache + (size_t)(hkv + g) * tmax * d * elem;
-                int64_t at = (int64_t)r0 * h * d + (int64_t)hh * d; /* row r0, head hh */
-                head_rows_vec(q + at, (int64_t)h * d, K, V, committed, extra + (int64_t)r0 * e, e,
-                              n_extra + r0, rn, s, lds, accs, out + at, d, bf);
+                for (int64_t task = 0; task < tasks; task++)
+                    if (s != NULL && accs != NULL)
+                        head_run(q, cache, elem, tmax, h, hkv, rep, d, committed, extra, e,
+                                 n_extra, t, rc, nch, task, s, lds, accs, out, bf);
             }
             free(s);
             free(accs);
