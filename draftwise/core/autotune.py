@@ -160,12 +160,24 @@ class AutoDrafter:
         cost: CostModel,
         max_budget: int = 64,
         sampling_cost: Callable[[], CostModel] | None = None,
+        copy_member: int | None = None,
     ) -> None:
         """``cost``: the greedy path's curve; ``sampling_cost``: gives the curve measured
         with logits (asked for on the first generation at temperature > 0; ``None``:
-        plan with ``cost`` on both paths)."""
+        plan with ``cost`` on both paths); ``copy_member``: the index of a member that
+        says whether the text's last tokens occurred before (``seen_before``: a copied
+        span), which then picks the greedy way on a steep curve (``propose``); ``None``:
+        whole steps' measured rates pick it (``StepRates``)."""
         if not members:
             raise DraftwiseError("the auto drafter needs at least one member drafter")
+        if copy_member is not None and not (
+            0 <= copy_member < len(members) and hasattr(members[copy_member], "seen_before")
+        ):
+            raise DraftwiseError(
+                f"auto copy_member must index a member with seen_before (0..{len(members) - 1}), "
+                f"got {copy_member!r}"
+            )
+        self._copy = copy_member
         self.members = list(members)
         self.greedy_cost = cost
         self.cost = cost  # the curve of the path in use (see plan_for)
@@ -202,8 +214,16 @@ class AutoDrafter:
         self._member_idle = [0] * n
         self.member_skipped = [0] * n  # proposals each member sat out (gated)
         # ``solo``: the first member that states its probabilities and is sized by the
-        # planner (the ReDrafter) drafting alone, chosen per step against the full way
-        # by measured tokens per ms of whole steps (``core.step_rates``)
+        # planner (the ReDrafter) drafting alone. Greedy, on a steep curve: with a
+        # ``copy_member``, chosen per step against the full way by whether that member
+        # has seen the text's last tokens before (a copied span, where the other members'
+        # long guesses pay), else by measured tokens per ms of whole steps
+        # (``core.step_rates``). Those rates chose the full way in a third of the steps of
+        # held-out corpus prompts where it brought 1.51 tokens a step against solo's
+        # 1.91 (noise of ~10 steps' running means picks the slower way; the warm-up and
+        # exploring steps add to it); by the copy rule auto made 1.212x `none` against
+        # 1.175x on those and copying prompts (AMD EPYC Zen 4, 2026-11-29;
+        # ``docs/autotune.md``)
         self._sampling = False  # the decoder's path (plan_for): solo chains are greedy's
         self._solo = next((i for i in self._prob_sources if i in self._beams), None)
         # when sampling, ``plain`` (no draft at all) instead of ``full``. A drafted token is
@@ -304,7 +324,12 @@ class AutoDrafter:
             self._step_start, self._emitted = now, None
             # a copied span being accepted goes on (not a measured choice)
             steep = not burst and self._steep(context.size)
-            self.way = self.rates.choose() if steep else "full"
+            if not steep:
+                self.way = "full"
+            elif self._copy is not None:  # every member where a span may be copied
+                self.way = "full" if self._copying(context) else "solo"
+            else:
+                self.way = self.rates.choose()
         elif self._sampling and self.sampled is not None:
             now = time.perf_counter()
             if self._step_start is not None and self._emitted is not None:
@@ -367,6 +392,17 @@ class AutoDrafter:
         if self._beams:
             self._size_beams(chosen)
         return chosen
+
+    def _copying(self, context: np.ndarray) -> bool:
+        """Whether the copy member (shown every token first) has seen the text's last
+        tokens before."""
+        i = self._copy
+        assert i is not None
+        m = self.members[i]
+        if self._behind[i]:
+            k, self._behind[i] = self._behind[i], 0
+            m.update(context, k)
+        return bool(m.seen_before(context))  # type: ignore[attr-defined]
 
     def _steep(self, context_len: int) -> bool:
         """Whether verifying 4 rows costs ``SOLO_STEEP`` x one row or more (``solo`` is

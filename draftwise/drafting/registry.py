@@ -86,7 +86,9 @@ def build_auto(ctx: DraftingContext, opts: dict[str, Any]) -> Drafter:
     rd = auto_redrafter(ctx, neural, bw, t, cost)
     if rd is not None:  # last: the saved states of the others keep their indices
         members.append(rd)
-    return AutoDrafter(members, cost, **opts)
+    # the precise member's 3-token leaders say where a span may be copied: there every
+    # member drafts, elsewhere the ReDrafter alone (on a steep curve; ``AutoDrafter``)
+    return AutoDrafter(members, cost, copy_member=0 if rd is not None else None, **opts)
 
 
 def _with_bigram_table(cls: type[Bigram]) -> Builder:

@@ -430,6 +430,51 @@ def test_auto_drafts_with_its_precise_member_alone_where_whole_steps_say_so(
         assert late.count(best) >= 0.8 * len(late) and 1 <= late.count(other) <= 0.2 * len(late)
 
 
+@pytest.mark.parametrize("steep", [True, False])
+def test_a_copy_member_picks_the_full_way_where_the_text_repeats(steep, monkeypatch):
+    """With a ``copy_member``, on a steep curve every member drafts where that member has
+    seen the text's last tokens before (a span may be copied) and the precise member
+    alone elsewhere, whatever the measured rates say; the copy member is shown every
+    token first, the others only when they draft. On a flat curve every step is full."""
+    import draftwise.core.autotune as at
+
+    clock = [0.0]
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    cost = (CostModel(rows=[1, 2, 4, 64], ms=[10.0, 11.0, 16.0, 400.0]) if steep
+            else CostModel(rows=[1, 64], ms=[10.0, 10.5]))
+    copier, other = Cacheback(ll=3, table="dynamic"), Cacheback()
+    auto = AutoDrafter([copier, other, _Chain()], cost, copy_member=0)
+    text = list(range(100, 130))  # no repeats: nothing seen before
+    auto.begin(np.array(text))
+    ways = []
+    for step in range(40):
+        tok = 100 + step % 12 if step >= 20 else 200 + step  # from step 20: the text again
+        auto.propose(np.array(text), 8)
+        ways.append(auto.way)
+        clock[0] += 0.001 if auto.way == "full" else 0.005  # full measured 5x faster
+        text.append(tok)
+        auto.update(np.array(text), 1)
+        assert auto._behind[2] == 0  # the solo member is never behind
+        if step == 19 and steep:
+            assert auto._behind[1] == 20  # the other member: not shown the solo steps' tokens
+    if not steep:
+        assert set(ways) == {"full"}
+        return
+    assert ways[:20] == ["solo"] * 20  # new tokens only: the measured rates do not count
+    late = ways[24:]  # the first 12 tokens again: their 3-token leaders were seen
+    assert late.count("full") >= 0.8 * len(late)
+    assert copier.seen_before(np.array(text))  # shown every token (caught up each step)
+
+
+def test_a_copy_member_must_be_able_to_say_so():
+    """``copy_member`` indexes a member with ``seen_before``: else a one-line error."""
+    cost = CostModel(rows=[1, 64], ms=[10.0, 10.5])
+    with pytest.raises(DraftwiseError, match="copy_member must index a member with seen_before"):
+        AutoDrafter([Cacheback(), _Chain()], cost, copy_member=1)
+    with pytest.raises(DraftwiseError, match="got 5"):
+        AutoDrafter([Cacheback(), _Chain()], cost, copy_member=5)
+
+
 @pytest.mark.parametrize("accepted", [True, False])
 def test_when_sampling_auto_drafts_one_token_where_its_measured_acceptance_pays(
     accepted, monkeypatch

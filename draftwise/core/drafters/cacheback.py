@@ -103,6 +103,22 @@ class Cacheback:
         # only windows whose follower ends in the new tokens are new
         t.insert_windows(tail, max(t.ll, len(tail) - n_new - t.fl + 1))
 
+    def seen_before(self, context: np.ndarray) -> bool:
+        """Whether the context's last LL tokens occurred before in the text, FL tokens or
+        more before its end (the dynamic table holds their followers): a span may be
+        being copied. One dictionary
+        lookup; ``auto`` asks it each step on a steep cost curve (``copy_member``).
+
+        Example::
+
+            >>> d = Cacheback(ll=2, table="dynamic")
+            >>> d.begin(np.array([4, 5, 6, 7, 8]))   # (4, 5) followed by (6, 7, 8)
+            >>> d.seen_before(np.array([9, 4, 5])), d.seen_before(np.array([9, 5, 4]))
+            (True, False)
+        """
+        ll = self.table.ll
+        return context.size >= ll and self.table.holds(tuple(context[-ll:].tolist()))
+
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         ll = self.table.ll
         if budget <= 0 or context.size < ll:

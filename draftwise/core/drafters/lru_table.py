@@ -104,6 +104,11 @@ class LRUTable:
             rows[n] = follower
             self._count[slot] = n + 1
 
+    def holds(self, leader: Gram) -> bool:
+        """Whether ``leader`` has followers, without refreshing its recency (as ``query``
+        does)."""
+        return leader in self._slots
+
     def query(self, leader: Gram, limit: int | None = None) -> list[Gram]:
         """Followers of ``leader``, most recent first (at most ``limit``); refreshes the
         leader's recency."""
