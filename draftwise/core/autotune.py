@@ -114,8 +114,12 @@ def plan_subtree(
 EXPLORE_EVERY = 8
 # a member whose drafting costs at least this share of a plain step is gated: it drafts
 # only while, by the planner's own account, the steps it drafts in give more tokens per
-# ms (drafting included) than the same steps would without it (``AutoDrafter._gate``)
-GATE_SHARE = 0.04
+# ms (drafting included) than the same steps would without it (``AutoDrafter._gate``).
+# 0.04 until 2026-11-29, when SSD (~0.12 ms a proposal) and the broad Cacheback (~0.09)
+# sat under it on the 4bit default model (a plain step ~3.5 ms); gated, they drafted where
+# the planner said they paid: 1.308x / 1.291x `none` against 1.290x / 1.278x ungated
+# (greedy, 76 held-out corpus and copying prompts, two in-process runs, AMD EPYC Zen 4)
+GATE_SHARE = 0.02
 GATE_RATE = 0.1  # weight of a step's evidence in a gated member's running verdict
 GATE_TIMES = 9  # a member's drafting ms: the median of its last proposals' times
 PLAIN_EVERY = 4  # while the live cost curve lacks a timed plain step, one in this many is
