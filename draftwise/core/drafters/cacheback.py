@@ -106,8 +106,8 @@ class Cacheback:
     def seen_before(self, context: np.ndarray) -> bool:
         """Whether the context's last LL tokens occurred before in the text, FL tokens or
         more before its end (the dynamic table holds their followers): a span may be
-        being copied. One dictionary
-        lookup; ``auto`` asks it each step on a steep cost curve (``copy_member``).
+        being copied. One dictionary lookup; ``auto`` asks it each step on a steep cost
+        curve (``copy_member``).
 
         Example::
 
