@@ -214,6 +214,7 @@ class AutoDrafter:
         n = len(self.members)
         self.member_ms: list[float | None] = [None] * n
         self._times: list[deque[float]] = [deque(maxlen=GATE_TIMES) for _ in range(n)]
+        self._solo_ms: deque[float] = deque(maxlen=GATE_TIMES)  # sampling's one-token drafts
         self.member_edge: list[float | None] = [None] * n
         self._member_idle = [0] * n
         self.member_skipped = [0] * n  # proposals each member sat out (gated)
@@ -246,8 +247,11 @@ class AutoDrafter:
         # 1.01x against 0.96x, coding 0.98x against 1.06x); not kept.
         # Those two ways compared by whole steps' tokens per ms (``StepRates``) drafted
         # in 40% of seeded Spec-Bench steps, 0.98-1.02x `none` where a fixed one-token
-        # chain made 1.05-1.07x (AMD EPYC Zen 3, five runs): when sampling, the choice is
-        # ``SoloPays``'s, from the drafts' running acceptance and each way's step times.
+        # chain made 1.05-1.07x (AMD EPYC Zen 3, five runs), and by the medians of each
+        # way's recent step times 0.99x against the chain's 1.05x (AMD EPYC Zen 4,
+        # 2026-11-29, medians of 3 runs): when sampling, the choice is ``SoloPays``'s,
+        # solo unless the drafts' running acceptance is below the drafting's share of a
+        # plain step (``_draft_share``), where it cannot pay.
         self._greedy_rates: StepRates | None = None
         self.sampled: SoloPays | None = None
         if self._solo is not None:
@@ -296,8 +300,6 @@ class AutoDrafter:
         self._step_start, self._emitted = None, None
         if self.rates is not None:
             self.rates.reset()
-        if self.sampled is not None:
-            self.sampled.new_text()
 
     def begin(self, prompt: np.ndarray) -> None:
         self._catch_up(self._context)  # the last text's tokens, before the new one
@@ -335,11 +337,8 @@ class AutoDrafter:
             else:
                 self.way = self.rates.choose()
         elif self._sampling and self.sampled is not None:
-            now = time.perf_counter()
-            if self._step_start is not None and self._emitted is not None:
-                self.sampled.timed(self.way, (now - self._step_start) * 1e3)
-            self._step_start, self._emitted = now, None
-            self.way = self.sampled.choose() if self._steep(context.size) else "full"
+            steep = self._steep(context.size)
+            self.way = self.sampled.choose(self._draft_share(context.size)) if steep else "full"
         if self.way == "solo" and cap > 0:
             return self._propose_solo(context, cap)
         if self.way == "plain":
@@ -431,8 +430,11 @@ class AutoDrafter:
         m.bw, m.t = 1, t  # type: ignore[attr-defined]
         if floors:
             m.min_path = self._solo_floor(t, context.size)  # type: ignore[attr-defined]
+        t0 = time.perf_counter()
         try:
             tree = m.propose(context, t)
+            if self._sampling:  # what a one-token draft costs (``_draft_share``)
+                self._solo_ms.append((time.perf_counter() - t0) * 1e3)
         finally:
             m.bw, m.t = sizes  # type: ignore[attr-defined]
             if floors:
@@ -442,6 +444,17 @@ class AutoDrafter:
         self.last_budget = n
         return DraftTree._trusted(tree.tokens, tree.parents, np.full(n, i, np.int16),
                                   tree.depth, tree.prob, tree.max_depth)
+
+    def _draft_share(self, context_len: int) -> float:
+        """The solo member's drafting of one token (the median of its recent ones) over
+        a plain step's cost at ``context_len``: the least acceptance at which drafting
+        can pay when sampling (``SoloPays``); 0.0 before it has drafted.
+
+        Example: a one-token draft 0.45 ms, a plain step 3.5 ms: 0.129."""
+        if not self._solo_ms:
+            return 0.0
+        c1 = float(self.cost.costs_to(1, context_len)[0])
+        return float(statistics.median(self._solo_ms)) / c1 if c1 > 0 else 0.0
 
     def _solo_floor(self, t: int, context_len: int) -> np.ndarray:
         """(t,) the least path probability of a solo chain's token at each depth that
