@@ -113,7 +113,7 @@ class SoloPays:
         """The next step's way: ``"solo"`` where drafting may pay (``pays``), else
         ``"plain"``, except every ``explore_every``-th step in a row, which drafts (its
         draft is judged: the acceptance stays measured)."""
-        if not 0.0 <= floor or floor != floor:
+        if not floor >= 0.0:  # (NaN too)
             raise ValueError(f"SoloPays needs a floor >= 0, got {floor}")
         if self.pays(floor):
             self._plain = 0
