@@ -256,3 +256,32 @@ def test_torch_prefill_without_the_fused_forward(tmp_path):
     assert not be._fused_prefill()
     be.prefill(np.arange(30) % 97)
     assert be.cache_len == 30
+
+
+def test_kept_rows_of_chain_prefixes_survive_later_steps(tmp_path):
+    """A commit that keeps a chain prefix of a small step records a slice of the step's
+    own rows, not a copy (``TorchBackend.commit``): later verifies must not change it,
+    and the rows equal those of a backend that copies every kept row."""
+    model_dir, _ = _save_tiny(tmp_path / "m", "llama")
+    rng = np.random.default_rng(5)
+    ctx = rng.integers(0, 97, 12)
+    steps = [([3, 4], [0, 1]), ([5], [0]), ([6, 7, 8], [0, 1, 2, 3]), ([9, 10], [0, 2])]
+    got = []
+    for slices in (True, False):
+        be = _backend(model_dir, True)
+        be.keep_hidden_rows()
+        be.prefill(ctx[:-1])
+        root = int(ctx[-1])
+        for chain, keep in steps:
+            tree = DraftTree.chain(chain) if keep != [0, 2] else DraftTree(
+                np.array(chain), np.array([-1, -1]))  # two children of the root: a gather
+            be.verify(root, tree, need_logits=False)
+            if not slices:
+                be._rows_fresh = False  # the copying path
+            be.commit(np.array(keep))
+            root = 11
+        first, rows = be.residual_rows(0)
+        assert first == 0
+        got.append(torch.cat(rows).float().numpy())  # (T, C)
+    assert got[0].shape[0] == ctx.size - 1 + 2 + 1 + 4 + 2
+    np.testing.assert_array_equal(got[0], got[1])
