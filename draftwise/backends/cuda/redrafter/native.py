@@ -9,8 +9,11 @@ gate), ``dw_rd_entries`` for the context's new entries (their keys and values), 
 ids, the mixture); ``dw_rd_chain`` runs a whole one-beam draft (``ReDrafter`` at
 ``bw=1``) in one call. Weights are int8 with one float32 scale per output row, rounded as
 the torch step rounds them (the head and the cell in 4-bit values, ``step.FOUR_BIT``,
-which the int8 products read packed two a byte: ``pack4``); activations are float32 (the torch step rounds them to
-bfloat16) or int8 with one scale per group of 4 inputs, multiplied by ``vpdpbusd`` where
+which the int8 products read packed two a byte: ``pack4``), and the other layers
+(``step.GROUPED``) in 4-bit values with a bfloat16 scale per 32 inputs, packed too
+(``groups=True``, the default where the int8 products exist; AMD EPYC Zen 4, live, a
+one-token proposal 0.342 -> 0.295 ms, the same tokens a step); activations are float32
+(the torch step rounds them to bfloat16) or int8 with one scale per group of 4 inputs, multiplied by ``vpdpbusd`` where
 the CPU has ``avx512_vnni`` and by ``vpmaddubsw`` elsewhere (AVX2; ``csrc/redrafter.c``;
 an AMD EPYC Zen 3, warm, a three-token chain at 112 entries: 0.52 ms against 0.71 with
 float32 activations, 0.74-0.85 before its softmax, SiLU and context attention had 8-lane
@@ -53,9 +56,12 @@ import torch
 from draftwise.backends.cuda.cpu.native import kernel_threads, redrafter_lib
 from draftwise.backends.cuda.redrafter.net import ReDrafterNet
 from draftwise.backends.cuda.redrafter.step import (
+    GROUP,
+    GROUPED,
     INT8_LEVELS,
     TorchRecurrentStep,
     levels_of,
+    quantize_groups,
     quantize_rows,
 )
 
@@ -66,9 +72,13 @@ _ROW_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 class _I8(ctypes.Structure):
     """``DwI8``: one int8 layer (codes (n, k), scales (n,), bias (n,) or NULL, the codes +
-    128 as uint8 (n, k) or NULL, the 4-bit codes packed (n, k / 2) (``pack4``) or NULL)."""
+    128 as uint8 (n, k) or NULL, the 4-bit codes packed (n, k / 2) (``pack4``) or NULL,
+    and a ``GROUPED`` layer's bfloat16 scales (n, k / 32) or NULL)."""
 
-    _fields_ = [("w", P), ("scale", P), ("bias", P), ("wu", P), ("w4", P), ("n", I64), ("k", I64)]
+    _fields_ = [
+        ("w", P), ("scale", P), ("bias", P), ("wu", P), ("w4", P), ("n", I64), ("k", I64),
+        ("gs", P),
+    ]
 
 
 class _Net(ctypes.Structure):
@@ -132,12 +142,19 @@ class NativeRecurrentStep(TorchRecurrentStep):
 
     compiled = True  # ``auto`` prices its drafting as the compiled step's (member_pays)
 
-    def __init__(self, net: ReDrafterNet, backend: Any, extend: bool = False, pack4: bool = True) -> None:
+    def __init__(
+        self, net: ReDrafterNet, backend: Any, extend: bool = False, pack4: bool = True,
+        groups: bool = True,
+    ) -> None:
         super().__init__(net, backend, int8=True, extend=extend, torch_layers=False)
         # the 4-bit layers read packed (``pack4``) where the int8 products run (vpdpbusd
         # or AVX2's): half their bytes, the same results (False: from their int8 codes;
         # tests compare the two)
         self.pack4 = pack4
+        # the ``GROUPED`` layers in 4-bit values with a scale per 32 inputs, read packed
+        # (False: int8 rows, as before; a live decode on an AMD EPYC Zen 4 alternating
+        # both: see ``step.GROUPED``)
+        self.groups = groups
         lib = redrafter_lib()
         if lib is None or not native_supported(net):
             raise ValueError("the compiled ReDrafter step is not available for this network")
@@ -170,10 +187,10 @@ class NativeRecurrentStep(TorchRecurrentStep):
                 vocab=cfg.vocab_size, nres=len(net.res) - 1, embed=embed.data_ptr(),
             )
             for name, (w, b) in layers.items():
-                setattr(st, name, self._layer(w, b, levels_of(name)))
+                setattr(st, name, self._layer(w, b, levels_of(name), name in GROUPED))
             res = (_I8 * max(1, len(net.res) - 1))()
             for i, r in enumerate(net.res[1:]):
-                res[i] = self._layer(r.weight, r.bias)
+                res[i] = self._layer(r.weight, r.bias, grouped="res" in GROUPED)
             self._keep.append(res)
             st.res = ctypes.addressof(res)
             if cfg.context_dim:
@@ -188,7 +205,9 @@ class NativeRecurrentStep(TorchRecurrentStep):
                 lin["wv"] = (net.wv.weight, net.wv.bias)
                 self._g_h = net.gate.weight.detach()[0, h_part].float().numpy().copy()  # (C,)
                 self._g_b = float(net.gate.bias.detach().float()[0])
-            self._lin = {name: self._layer(w, b) for name, (w, b) in lin.items()}
+            self._lin = {
+                name: self._layer(w, b, grouped=name in GROUPED) for name, (w, b) in lin.items()
+            }
             self._embed_bits = embed.view(torch.int16).numpy().view(np.uint16)  # (V, C)
             model = backend.model
             self._norm = model.norm.detach().float().numpy().copy()  # (C,) the final norm
@@ -255,9 +274,25 @@ class NativeRecurrentStep(TorchRecurrentStep):
             hq.ctypes.data, ctypes.byref(self._hg),
         )
 
-    def _layer(self, weight: torch.Tensor, bias: torch.Tensor | None, levels: int = INT8_LEVELS) -> _I8:
+    def _layer(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, levels: int = INT8_LEVELS,
+        grouped: bool = False,
+    ) -> _I8:
+        n, k = weight.shape
+        if grouped and self.groups and k % (2 * GROUP) == 0 and self._int8 in (1, 2):
+            # 4-bit codes with a bfloat16 scale per 32 inputs (``step.quantize_groups``),
+            # always read packed; the per-row scales are ones
+            codes, gs = quantize_groups(weight)  # (n, k) int8, (n, k / 32) bfloat16
+            scale = torch.ones(n, dtype=torch.float32)
+            b = torch.empty(0) if bias is None else bias.detach().float().contiguous()
+            w4, gbits = pack4(codes), gs.view(torch.int16)
+            self._keep.extend((codes, scale, b, w4, gbits))
+            return _I8(
+                w=codes.data_ptr(), scale=scale.data_ptr(),
+                bias=b.data_ptr() if b.numel() else None, wu=None, w4=w4.data_ptr(),
+                n=n, k=k, gs=gbits.data_ptr(),
+            )
         codes, scale, b = _quantize(weight, bias, levels)
-        n, k = codes.shape
         # (n, k / 2) a 4-bit layer's codes two a byte, where the int8 products run (the
         # same values as ``codes``: the int32 sums, so the bits, do not change)
         w4 = pack4(codes) if levels <= 7 and k % 64 == 0 and self._int8 in (1, 2) and self.pack4 else None

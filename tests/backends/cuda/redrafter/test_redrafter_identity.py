@@ -160,6 +160,26 @@ def test_auto_takes_the_shipped_redrafter_as_a_member(torch_model):  # type: ign
     assert d.members[-1].stats()["proposals"] > 0
 
 
+def _as_rounded(step, net):  # type: ignore[no-untyped-def]
+    """``net`` with the key and value layers as the compiled step rounds them, where it
+    holds them in 4-bit values with a scale per 32 inputs (``step.GROUPED``): a copy."""
+    import copy
+
+    from draftwise.backends.cuda.redrafter.step import GROUP, quantize_groups
+
+    lin = getattr(step, "_lin", {})
+    if "wk" not in lin or not lin["wk"].gs:
+        return net
+    net = copy.deepcopy(net)
+    with torch.no_grad():
+        for layer in (net.wk, net.wv):
+            codes, gs = quantize_groups(layer.weight)  # (n, k), (n, k / GROUP)
+            n, k = codes.shape
+            w = codes.float().reshape(n, k // GROUP, GROUP) * gs.float()[..., None]
+            layer.weight.copy_(w.reshape(n, k))
+    return net
+
+
 def test_context_entries_after_generation_equal_a_fresh_prefill(torch_model, random_context_ckpt):  # type: ignore[no-untyped-def]
     """The context network's entries, built step by step from the rows each commit kept
     (branches, rejections), equal the entries computed from one plain prefill of the
@@ -178,7 +198,7 @@ def test_context_entries_after_generation_equal_a_fresh_prefill(torch_model, ran
     assert first == 0 and g.shape[0] == seq.size - 1
     pos = torch.from_numpy(step._book.pos)  # the entries held at the last proposal
     assert pos.numel() == step._m > len(out) // 2
-    net = step.net
+    net = _as_rounded(step, step.net)
     with torch.inference_mode():
         x = torch.from_numpy(seq)
         k, v, cols = net.context_entries(

@@ -15,9 +15,11 @@ from draftwise.backends.cuda import TorchBackend  # noqa: E402
 from draftwise.backends.cuda.redrafter.checkpoint import weights_fingerprint  # noqa: E402
 from draftwise.backends.cuda.redrafter.net import ReDrafterNet  # noqa: E402
 from draftwise.backends.cuda.redrafter.step import (  # noqa: E402
+    GROUP,
     StepLinear,
     TorchRecurrentStep,
     int8_supported,
+    quantize_groups,
 )
 from draftwise.core.drafters.context_vocab import EXTRA_BIAS_QUANTILE  # noqa: E402
 from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig  # noqa: E402
@@ -157,3 +159,44 @@ def test_step_linear_int8_error_and_small_layers():  # type: ignore[no-untyped-d
     assert float((got - want).norm() / want.norm()) < 0.02
     small = StepLinear(torch.randn(1, 96), None, torch.bfloat16, int8=True)  # the gate
     assert small.scale is None and small.w.dtype == torch.bfloat16
+
+
+def test_quantize_groups_rounds_each_32_inputs_to_their_own_scale():  # type: ignore[no-untyped-def]
+    """4-bit codes with a bfloat16 scale per 32 inputs (the compiled step's ``GROUPED``
+    layers): codes in -7..7, each group's largest weight at +-7 (up to its scale's
+    bfloat16 rounding), every weight within half a step of codes x scale; a group of
+    tiny weights keeps its own precision (a scale per row would round it to 0); a width
+    that is no multiple of 32 is refused."""
+    torch.manual_seed(1)
+    w = torch.randn(64, 128)
+    w[:, 32:64] *= 1e-3  # one group of small weights in each row
+    codes, gs = quantize_groups(w)
+    assert codes.dtype == torch.int8 and codes.shape == (64, 128)
+    assert gs.dtype == torch.bfloat16 and gs.shape == (64, 128 // GROUP)
+    assert int(codes.abs().max()) == 7
+    step = gs.float().repeat_interleave(GROUP, dim=1)  # (64, 128)
+    approx = codes.float() * step
+    # half a step, and a clamped code's weight up to 7 x the scale's bfloat16 rounding more
+    assert float(((approx - w).abs() / step).max()) <= 0.5 + 7 * 2.0**-8
+    small = w[:, 32:64]
+    assert float((approx[:, 32:64] - small).norm() / small.norm()) < 0.1
+    assert float(codes[:, 32:64].abs().float().mean()) > 2  # not rounded away
+    with pytest.raises(ValueError, match="K % 32 == 0, got K = 100"):
+        quantize_groups(torch.randn(4, 100))
+
+
+def test_step_linear_grouped_is_the_grouped_rounding_in_float32():  # type: ignore[no-untyped-def]
+    torch.manual_seed(2)
+    w, b = torch.randn(128, 192), torch.randn(128)
+    x = torch.randn(3, 192).bfloat16()
+    lin = StepLinear(w, b, torch.bfloat16, int8=True, grouped=True)
+    codes, gs = quantize_groups(w)
+    ref = codes.float() * gs.float().repeat_interleave(GROUP, dim=1)  # (128, 192)
+    assert lin.f32 and torch.equal(lin.w, ref)
+    got = lin(x)
+    assert got.dtype == torch.bfloat16
+    want = torch.nn.functional.linear(x.float(), ref, b.bfloat16().float())
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+    # a width the grouped products cannot take (K % 64 != 0) stays int8 rows
+    narrow = StepLinear(torch.randn(128, 96), None, torch.bfloat16, int8=True, grouped=True)
+    assert narrow.scale is not None and not narrow.f32

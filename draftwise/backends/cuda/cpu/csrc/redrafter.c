@@ -42,6 +42,8 @@ typedef struct {
                          * group of 32 inputs, byte t: code t low, code 16 + t high), read
                          * by the int8 products in place of w or wu (k % 64 == 0), or NULL */
     int64_t n, k;       /* n % 4 == 0, k % 16 == 0 (checked by the caller) */
+    const uint16_t *gs; /* (n, k / 32) bfloat16: the codes' scale for each 32 inputs of a
+                         * row (then scale is 1), or NULL; with w4 set (k % 64 == 0) */
 } DwI8;
 
 typedef struct {
@@ -93,6 +95,7 @@ static inline vf vcodes(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 static inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
 static inline vf vbf16(const uint16_t *p) { /* VL bfloat16 numbers widened */
     return _mm512_castsi512_ps(
@@ -111,6 +114,7 @@ static inline vf vcodes(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 static inline float vsum(vf v) { return hsum8(v); }
 static inline vf vbf16(const uint16_t *p) {
     return _mm256_castsi256_ps(
@@ -159,11 +163,13 @@ static void silu_n(float *x, int64_t n) {
 }
 
 /* y[r, n0..n0+3] for rb rows (a compile-time constant below): four outputs' dot
- * products with rb rows of x, 4 x rb accumulators. */
+ * products with rb rows of x, 4 x rb accumulators. A layer with a scale per 32 inputs
+ * (gs) multiplies each code by its group's scale. */
 static inline __attribute__((always_inline)) void dot4(
     const DwI8 *L, int64_t n0, const float *x, int64_t ldx, int rb, float *y, int64_t ldy) {
-    const int64_t k = L->k;
+    const int64_t k = L->k, ng = k / 32;
     const int8_t *w0 = L->w + n0 * k;
+    const uint16_t *g0 = L->gs != NULL ? L->gs + n0 * ng : NULL; /* (4, ng) */
     vf acc[4][4];
     for (int i = 0; i < 4; i++)
         for (int r = 0; r < 4; r++) acc[i][r] = vzero();
@@ -176,6 +182,13 @@ static inline __attribute__((always_inline)) void dot4(
         _mm_prefetch(ahead + (j / VL) * line, _MM_HINT_T0);
         vf c0 = vcodes(w0 + j), c1 = vcodes(w0 + k + j);
         vf c2 = vcodes(w0 + 2 * k + j), c3 = vcodes(w0 + 3 * k + j);
+        if (g0 != NULL) {
+            const int64_t g = j / 32;
+            c0 = vmul(c0, vset1(bf16f(g0[g])));
+            c1 = vmul(c1, vset1(bf16f(g0[ng + g])));
+            c2 = vmul(c2, vset1(bf16f(g0[2 * ng + g])));
+            c3 = vmul(c3, vset1(bf16f(g0[3 * ng + g])));
+        }
         for (int r = 0; r < 4; r++) {
             if (r >= rb) break;
             vf xv = vload(x + r * ldx + j);
@@ -255,22 +268,39 @@ static void quant_rows(const float *x, int64_t ldx, int64_t b, int64_t k, int8_t
 /* dot4 on quantised rows: y[r, n0..n0+3] for rb rows. W4 (a compile-time constant): the
  * codes read from L->w4 (two 16-byte groups of 32 inputs for 64 inputs: the lanes
  * [A, A, B, B] of 128 bits, the odd lanes shifted right by 4, masked to 0..15); else
- * from L->wu. */
+ * from L->wu. G (with W4): a scale per 32 inputs (L->gs), lanes 0-7 of a product (the
+ * inputs j .. j + 31) times the first, lanes 8-15 the second, folded into the
+ * activations' scales: one multiply more per output and 64 inputs. */
 static inline __attribute__((always_inline)) void dot4q(
     const DwI8 *L, int64_t n0, const int8_t *xq, const float *dx, const int32_t *xs,
-    int rb, float *y, int64_t ldy, const int W4) {
+    int rb, float *y, int64_t ldy, const int W4, const int G) {
     const int64_t k = L->k, rowb = W4 ? k / 2 : k; /* a row's bytes */
+    const int64_t ng = k / 32; /* a row's group scales (G) */
     const uint8_t *w0 = (W4 ? L->w4 : L->wu) + n0 * rowb;
     const __m512i zero = _mm512_setzero_si512();
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512i nib = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+    const __m512i top16 = _mm512_set1_epi32((int32_t)0xFFFF0000);
     __m512 acc[4][4];
     for (int i = 0; i < 4; i++)
         for (int r = 0; r < 4; r++) acc[i][r] = _mm512_setzero_ps();
     const char *ahead = (const char *)(w0 + PF_GROUPS * 4 * rowb);
+    const char *gahead = G ? (const char *)(L->gs + (n0 + PF_GROUPS * 4) * ng) : NULL;
     for (int64_t j = 0; j < k; j += QB) {
         const int64_t jb = W4 ? j / 2 : j; /* the inputs' first byte in a row */
         for (int i = 0; i < 4; i++) _mm_prefetch(ahead + (int64_t)i * rowb + jb, _MM_HINT_T0);
+        __m512 gv[4]; /* G: output i's two group scales, each over 8 lanes */
+        if (G) {
+            /* the 4 rows' scales ahead: 8 ng bytes, one line an iteration */
+            if ((j / QB) * 64 < 8 * ng) _mm_prefetch(gahead + (j / QB) * 64, _MM_HINT_T0);
+            for (int i = 0; i < 4; i++) {
+                int32_t two; /* bfloat16 scales of inputs j.. (low half) and j + 32.. */
+                memcpy(&two, L->gs + (n0 + i) * ng + j / 32, sizeof two);
+                __m512i t = _mm512_set1_epi32(two);
+                gv[i] = _mm512_castsi512_ps(_mm512_mask_blend_epi32(
+                    0xFF00, _mm512_slli_epi32(t, 16), _mm512_and_si512(t, top16)));
+            }
+        }
         __m512i w[4];
         for (int i = 0; i < 4; i++) {
             if (W4) {
@@ -291,7 +321,8 @@ static inline __attribute__((always_inline)) void dot4q(
                 _mm512_loadu_si512((const void *)(xs + r * (k / 4) + j / 4)), W4 ? 3 : 7);
             for (int i = 0; i < 4; i++) {
                 __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, w[i], xv), sv);
-                acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), dv, acc[i][r]);
+                __m512 sc = G ? _mm512_mul_ps(dv, gv[i]) : dv;
+                acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[i][r]);
             }
         }
     }
@@ -304,8 +335,9 @@ static inline __attribute__((always_inline)) void dot4q(
     }
 }
 
-#define QCASE(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 0); break;
-#define QCASE4(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1); break;
+#define QCASE(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 0, 0); break;
+#define QCASE4(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1, 0); break;
+#define QCASEG(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1, 1); break;
 #else
 /* Without avx512_vnni (AVX2): the same int8 quantisation per group of 4 inputs, and the
  * exact int32 group sums from vpmaddubsw on |code| and the activations with each code's
@@ -360,8 +392,9 @@ static void quant_rows(const float *x, int64_t ldx, int64_t b, int64_t k, int8_t
  * thread, a three-token chain 0.62-0.67 -> 0.50-0.54 ms on two, warm). */
 static inline __attribute__((always_inline)) void dot4q(
     const DwI8 *L, int64_t n0, const int8_t *xq, const float *dx, const int32_t *xs,
-    int rb, float *y, int64_t ldy, const int W4) {
+    int rb, float *y, int64_t ldy, const int W4, const int G) {
     const int64_t k = L->k, rowb = W4 ? k / 2 : k; /* a row's bytes */
+    const int64_t ng = k / 32; /* a row's group scales (G: one per 32 inputs, L->gs) */
     const uint8_t *w0 = W4 ? L->w4 + n0 * rowb : (const uint8_t *)L->w + n0 * k;
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -370,10 +403,17 @@ static inline __attribute__((always_inline)) void dot4q(
     for (int i = 0; i < 4; i++)
         for (int r = 0; r < 4; r++) acc[i][r] = _mm256_setzero_ps();
     const char *ahead = (const char *)(w0 + PF_GROUPS * 4 * rowb);
+    const char *gahead = G ? (const char *)(L->gs + (n0 + PF_GROUPS * 4) * ng) : NULL;
     for (int64_t j = 0; j < k; j += 32) {
         const int64_t jb = W4 ? j / 2 : j; /* the inputs' first byte in a row */
         if (j % QB == 0)
             for (int i = 0; i < 4; i++) _mm_prefetch(ahead + (int64_t)i * rowb + jb, _MM_HINT_T0);
+        __m256 gv[4]; /* G: output i's scale of inputs j .. j + 31 */
+        if (G) {
+            if (j % QB == 0 && (j / QB) * 64 < 8 * ng)
+                _mm_prefetch(gahead + (j / QB) * 64, _MM_HINT_T0);
+            for (int i = 0; i < 4; i++) gv[i] = _mm256_set1_ps(bf16f(L->gs[(n0 + i) * ng + j / 32]));
+        }
         __m256i w[4];
         for (int i = 0; i < 4; i++) {
             if (W4) { /* 16 bytes in both halves: codes j..j+15 low, j+16..j+31 high, each
@@ -394,7 +434,8 @@ static inline __attribute__((always_inline)) void dot4q(
                 for (int i = 0; i < 4; i++) {
                     __m256i p = _mm256_sub_epi32(
                         _mm256_madd_epi16(_mm256_maddubs_epi16(w[i], xv), ones), sv);
-                    acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dv, acc[i][r]);
+                    __m256 sc = G ? _mm256_mul_ps(dv, gv[i]) : dv;
+                    acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[i][r]);
                 }
                 continue;
             }
@@ -414,8 +455,9 @@ static inline __attribute__((always_inline)) void dot4q(
     }
 }
 
-#define QCASE(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 0); break;
-#define QCASE4(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1); break;
+#define QCASE(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 0, 0); break;
+#define QCASE4(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1, 0); break;
+#define QCASEG(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1, 1); break;
 #endif
 
 /* Which int8 products this build has: 1 vpdpbusd (avx512_vnni, reading ``wu``: the codes
@@ -435,7 +477,9 @@ static void i8_mv(const DwI8 *L, const float *x, int64_t ldx, int64_t b, float *
     int8_t *xq = NULL; /* the quantised rows where the int8 products run, else NULL */
     float *dx = NULL;
     int32_t *xs = NULL;
-    if (rd_vnni && (RD_Q == 2 || L->wu != NULL || L->w4 != NULL) && L->k % QB == 0) {
+    /* (a layer with group scales is read packed: without w4, the float32 products) */
+    if (rd_vnni && (RD_Q == 2 || L->wu != NULL || L->w4 != NULL) && L->k % QB == 0
+        && (L->gs == NULL || L->w4 != NULL)) {
         /* xq (b, k) int8, dx (b, k / 4), xs (b, k / 4) int32 (the groups' sums of q):
          * the float parts start 64-aligned (no memory: the float32 products) */
         xq = (int8_t *)malloc((size_t)(b * L->k) + sizeof(float) * (size_t)(2 * b * (L->k / 4)));
@@ -451,6 +495,10 @@ static void i8_mv(const DwI8 *L, const float *x, int64_t ldx, int64_t b, float *
         for (int64_t r0 = 0; r0 < b; r0 += 4) {
             int rb = (int)(b - r0 < 4 ? b - r0 : 4);
             if (xq != NULL) {
+                if (L->gs != NULL) {
+                    switch (rb) { QCASEG(1) QCASEG(2) QCASEG(3) QCASEG(4) }
+                    continue;
+                }
                 if (L->w4 != NULL) {
                     switch (rb) { QCASE4(1) QCASE4(2) QCASE4(3) QCASE4(4) }
                     continue;
