@@ -28,7 +28,15 @@ from draftwise.backends.cuda.cpu.int4 import int4_available
 from draftwise.backends.cuda.cpu.native import native_argmax, native_sample, native_sampling_takes
 from draftwise.backends.cuda.gpu.graphs import BUCKETS, StepGraphs
 from draftwise.backends.cuda.gpu.sampling import HostStaging, sample_rows
-from draftwise.backends.cuda.invariant import MAX_ROWS, causal_plan, make_plan, min_rows, slot_table
+from draftwise.backends.cuda.invariant import (
+    MAX_ROWS,
+    causal_plan,
+    chain_slots,
+    chain_tables,
+    make_plan,
+    min_rows,
+    slot_table,
+)
 from draftwise.backends.cuda.llama import Llama, causal_mask, read_llama_config, read_weights
 from draftwise.backends.gguf_q4 import FourBit, gguf_source, read_q4_linears
 from draftwise.core.backend import Verified
@@ -154,6 +162,7 @@ class TorchBackend(CacheBook, BatchMixin):
         # whether _rows_x is a fresh tensor of the last verify that nothing reuses (the
         # compiled step's): commit may then keep a slice of it instead of a copy
         self._rows_fresh = False
+        self._chain_rows = 0  # the rows of the last packed verify when they were a chain's
         self._hidden_x: torch.Tensor | None = None  # (C,)
         self._hidden_len = -1
         # The invariant mode's attention: one compiled C call per layer where a C compiler
@@ -390,7 +399,14 @@ class TorchBackend(CacheBook, BatchMixin):
         host[1:, 0] = tree.tokens
         self._check_ids(host[:, 0])
         host[:, 1] = self._len + tree.verify_positions()
-        host[:, 2 : 2 + n1] = tree.verify_mask() if n1 > 1 else 1
+        # a chain (one node a depth, in order: a drafter's beam, ``auto``'s solo way)
+        # takes its mask and, in the invariant mode, its slot table from tables made once
+        chain = n1 <= MAX_ROWS and tree.max_depth == n1 - 1
+        self._chain_rows = n1 if chain else 0
+        if n1 == 1:
+            host[:, 2] = 1
+        else:
+            host[:, 2 : 2 + n1] = chain_tables(n1)[1] if chain else tree.verify_mask()
         return host
 
     def _tree_logits(self, host: np.ndarray, dev: torch.Tensor | None = None) -> torch.Tensor:
@@ -428,7 +444,10 @@ class TorchBackend(CacheBook, BatchMixin):
                 and min_rows(self.dtype) == 1 and not self.model.cfg.window_layers):
             # the compiled forward from numpy tables, one chunk (``FusedForward.step``:
             # the same kernel arguments as the plan's path below, without its torch glue)
-            extra, n_extra = slot_table(start, host[:, 2 : 2 + n1])
+            if self._chain_rows == n1:  # (``_pack``: these rows are a chain's)
+                extra, n_extra = chain_slots(start, n1)
+            else:
+                extra, n_extra = slot_table(start, host[:, 2 : 2 + n1])
             tokens, positions = host[:, 0].copy(), host[:, 1].copy()  # (N+1,) each
             with torch.inference_mode():
                 last_x, xn = step(tokens, positions, start, start, extra, n_extra, n1)

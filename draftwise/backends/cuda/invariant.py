@@ -144,6 +144,52 @@ def slot_table(committed: int, visible: np.ndarray) -> tuple[np.ndarray, np.ndar
     return extra, n.astype(np.int32)
 
 
+# chain_slots' tables for each row count: (T, T) slot offsets, (T, T) 0/1 visibility and
+# (T,) counts, made once (read-only; T <= the verify's row cap)
+_CHAIN: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def chain_tables(t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``t`` rows of a chain (the root, then drafts each the child of the one before):
+    ``(offsets, visible, counts)``, row i seeing new slots 0..i: offsets (t, t) int64
+    ``j`` where ``j <= i`` else 0, visible (t, t) int64 the same 0/1, counts (t,) int32
+    ``i + 1``. Made once per ``t`` and read-only.
+
+    Example::
+
+        >>> off, vis, n = chain_tables(3)
+        >>> off.tolist(), vis.tolist(), n.tolist()
+        ([[0, 0, 0], [0, 1, 0], [0, 1, 2]], [[1, 0, 0], [1, 1, 0], [1, 1, 1]], [1, 2, 3])
+    """
+    got = _CHAIN.get(t)
+    if got is None:
+        if t < 1:
+            raise ValueError(f"a chain's tables need t >= 1 rows, got {t}")
+        ar = np.arange(t, dtype=np.int64)
+        low = ar[None, :] <= ar[:, None]  # (t, t)
+        got = (np.where(low, ar[None, :], 0), low.astype(np.int64), (ar + 1).astype(np.int32))
+        for a in got:
+            a.flags.writeable = False
+        _CHAIN[t] = got
+    return got
+
+
+def chain_slots(committed: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """``slot_table(committed, visible)`` for a chain's lower-triangular ``visible``
+    (``chain_tables``), in one numpy operation instead of six: right after a verify each
+    costs several microseconds (a live decode, AMD EPYC Zen 4, alternating: a verify's
+    Python time 0.174 -> 0.144 ms a step, median).
+
+    Example::
+
+        >>> e, n = chain_slots(40, 3)
+        >>> e.tolist(), n.tolist()
+        ([[40, 0, 0], [40, 41, 0], [40, 41, 42]], [1, 2, 3])
+    """
+    off, vis, n = chain_tables(t)
+    return off + committed * vis, n
+
+
 def causal_plan(start: int, t: int, native: Any) -> Plan:
     """The native kernel's plan for ``t`` prompt rows at slots ``start ..``: row i sees
     the cache below ``start`` and slots ``start .. start + i`` (what ``make_plan`` gives

@@ -215,3 +215,25 @@ def test_slot_table_is_the_plan_of_a_tree(seed):
         assert extra.dtype == np.int64 and n_extra.dtype == np.int32
         assert np.array_equal(extra, want.extra.numpy())
         assert np.array_equal(n_extra, want.n_extra.numpy())
+
+
+def test_chain_slots_are_the_slot_table_of_a_chain():
+    """``chain_slots`` (a chain's tables, made once per row count) equals ``slot_table``
+    of the chain's mask for 1 to 32 rows; its tables are read-only and the mask the
+    verify packs for a chain is the tree's own."""
+    from draftwise.backends.cuda.invariant import MAX_ROWS, chain_slots, chain_tables, slot_table
+
+    rng = np.random.default_rng(4)
+    for t in range(1, MAX_ROWS + 1):
+        tree = DraftTree.chain(rng.integers(0, 50, t - 1).tolist())
+        vis = tree.verify_mask().astype(np.int64)  # (t, t)
+        start = int(rng.integers(0, 1000))
+        want = slot_table(start, vis)
+        got = chain_slots(start, t)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        assert got[0].dtype == np.int64 and got[1].dtype == np.int32
+        assert np.array_equal(chain_tables(t)[1], vis)
+    with pytest.raises(ValueError):
+        chain_tables(3)[1][0, 0] = 0  # read-only: shared by every step
+    with pytest.raises(ValueError, match="t >= 1"):
+        chain_tables(0)
