@@ -4,8 +4,8 @@
 sequences through the same weights with a cache of their own, ``(B, H_kv, S, D)`` per
 layer, so every decode step is one forward of B rows: the matmuls see B rows instead of
 one, which is what makes a drafter's training data affordable on a CPU. Plain torch
-ops (bfloat16 weights run through oneDNN); no plan, no invariance: this is data, not
-decoding.
+ops (bfloat16 weights run through oneDNN on a CPU, cuBLAS on a GPU: the model's
+device); no plan, no invariance: this is data, not decoding.
 
 Layout of the result (the ReDrafter shards'): ``hidden[b, j]`` is the last-layer hidden
 state (after the final norm) that predicted ``tokens[b, j]``: for j = 0 the prompt's
@@ -36,9 +36,10 @@ class _Batch:
     def __init__(self, model: Llama, b: int, slots: int) -> None:
         cfg = model.cfg
         shape = (cfg.n_layers, 2, b, cfg.n_kv_heads, slots, cfg.head_dim)
-        self.kv = torch.zeros(shape, dtype=model.dtype)  # (L, 2, B, H_kv, S, D)
-        self.ok = torch.zeros((b, slots), dtype=torch.bool)  # (B, S) slot holds a real token
-        self.ropes = rope_table_set(cfg, slots, model.dtype, torch.device("cpu"))  # per Layer.rope
+        dev = model.device
+        self.kv = torch.zeros(shape, dtype=model.dtype, device=dev)  # (L, 2, B, H_kv, S, D)
+        self.ok = torch.zeros((b, slots), dtype=torch.bool, device=dev)  # (B, S) real token
+        self.ropes = rope_table_set(cfg, slots, model.dtype, dev)  # per Layer.rope
 
 
 def _left_padded(
@@ -50,11 +51,13 @@ def _left_padded(
     st = _Batch(model, b, slots)
     ids = torch.zeros((b, p), dtype=torch.long)  # (B, P) left-padded
     pos = torch.zeros((b, p), dtype=torch.long)  # (B, P)
+    ok = torch.zeros((b, p), dtype=torch.bool)  # (B, P)
     for r, x in enumerate(prompts):
         ids[r, p - len(x) :] = torch.tensor(x)
         pos[r, p - len(x) :] = torch.arange(len(x))
-        st.ok[r, p - len(x) : p] = True
-    return st, ids, pos
+        ok[r, p - len(x) :] = True
+    st.ok[:, :p] = ok.to(st.ok.device)
+    return st, ids.to(st.ok.device), pos.to(st.ok.device)
 
 
 def _forward(
@@ -77,9 +80,11 @@ def _forward(
         )
     end = st.ok.shape[1]  # every slot: a slice of the cache would make the matmuls copy it
     ropes = [(c[positions].unsqueeze(2), sn[positions].unsqueeze(2)) for c, sn in st.ropes]  # (B', T, 1, D)
-    causal = torch.ones((t, end), dtype=torch.bool).tril(start)  # (T, S) row i sees <= start+i
-    own = torch.zeros((t, end), dtype=torch.bool)
-    own[:, start : start + t] = torch.eye(t, dtype=torch.bool)  # a padding row sees itself
+    dev = tokens.device
+    # (T, S) row i sees slots <= start+i
+    causal = torch.ones((t, end), dtype=torch.bool, device=dev).tril(start)
+    own = torch.zeros((t, end), dtype=torch.bool, device=dev)
+    own[:, start : start + t] = torch.eye(t, dtype=torch.bool, device=dev)  # padding sees itself
     allowed = (st.ok[rows, None] | own[None]) & causal[None]  # (B', T, S)
     allowed = allowed[:, None, None].expand(b, hkv, rep, t, end).reshape(b, hkv, rep * t, end)
     x = model.embed_rows(tokens)  # (B', T, C)
@@ -123,21 +128,22 @@ def greedy_continuations(
         raise DraftwiseError("greedy_continuations needs non-empty prompts")
     if gen_len < 1:
         raise DraftwiseError(f"gen_len must be at least 1, got {gen_len}")
-    if model.int4 or model.device.type != "cpu":
-        raise DraftwiseError("greedy_continuations runs a dense CPU model")
+    if model.int4:
+        raise DraftwiseError("greedy_continuations runs a dense (not 4-bit) model")
+    dev = model.device
     b, p = len(prompts), max(len(x) for x in prompts)
     st, ids, pos = _left_padded(model, prompts, p + gen_len)
-    last = torch.empty((b, model.cfg.dim), dtype=model.dtype)  # (B, C)
+    last = torch.empty((b, model.cfg.dim), dtype=model.dtype, device=dev)  # (B, C)
     for r0 in range(0, b, prefill_rows):  # each chunk from its own longest prompt on
         rows = slice(r0, min(b, r0 + prefill_rows))
         c0 = p - max(len(x) for x in prompts[rows])
         last[rows] = _forward(model, st, rows, ids[rows, c0:], pos[rows, c0:], c0)[:, -1]
     nxt_pos = pos[:, -1] + 1  # (B,)
-    alive = torch.ones(b, dtype=torch.bool)  # (B',) of the rows still in the batch
-    row_of = torch.arange(b)  # (B',) their rows in the result
-    toks = torch.zeros((b, gen_len), dtype=torch.int32)
-    hids = torch.zeros((b, gen_len, model.cfg.dim), dtype=torch.float16)
-    valid = torch.zeros((b, gen_len), dtype=torch.bool)
+    alive = torch.ones(b, dtype=torch.bool, device=dev)  # (B',) of the rows still in the batch
+    row_of = torch.arange(b, device=dev)  # (B',) their rows in the result
+    toks = torch.zeros((b, gen_len), dtype=torch.int32, device=dev)
+    hids = torch.zeros((b, gen_len, model.cfg.dim), dtype=torch.float16, device=dev)
+    valid = torch.zeros((b, gen_len), dtype=torch.bool, device=dev)
     for j in range(gen_len):
         xn = model.final_hidden(last)  # (B', C)
         nxt = model.logits(xn).float().argmax(-1)  # (B',)
@@ -155,7 +161,7 @@ def greedy_continuations(
         rows = slice(0, row_of.numel())
         last = _forward(model, st, rows, nxt[:, None], nxt_pos[:, None], p + j)[:, 0]
         nxt_pos = nxt_pos + 1
-    return toks.numpy(), hids.numpy(), valid.numpy()
+    return toks.cpu().numpy(), hids.cpu().numpy(), valid.cpu().numpy()
 
 
 @torch.inference_mode()
@@ -171,8 +177,8 @@ def prompt_states(
     continuation's ``hidden[b, 0]``)."""
     if not prompts or any(len(x) == 0 for x in prompts):
         raise DraftwiseError("prompt_states needs non-empty prompts")
-    if model.int4 or model.device.type != "cpu":
-        raise DraftwiseError("prompt_states runs a dense CPU model")
+    if model.int4:
+        raise DraftwiseError("prompt_states runs a dense (not 4-bit) model")
     prompts = [x[-width:] for x in prompts]
     b, p = len(prompts), max(len(x) for x in prompts)
     st, ids, pos = _left_padded(model, prompts, p)
@@ -184,7 +190,7 @@ def prompt_states(
         rows = slice(r0, min(b, r0 + prefill_rows))
         c0 = p - max(len(x) for x in prompts[rows])
         x = _forward(model, st, rows, ids[rows, c0:], pos[rows, c0:], c0)  # (B', T, C)
-        xn = model.final_hidden(x).to(torch.float16).numpy()  # (B', T, C)
+        xn = model.final_hidden(x).to(torch.float16).cpu().numpy()  # (B', T, C)
         for i, r in enumerate(range(rows.start, rows.stop)):
             n = len(prompts[r])
             toks[r, width - n :] = prompts[r]

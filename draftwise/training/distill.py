@@ -68,13 +68,14 @@ def shard_prompts(tok: object, prompts: list[str], batch: int, max_prompt: int) 
     return [x for w in range(0, len(ids), win) for x in sorted(ids[w : w + win], key=len)]
 
 
-def data_dtype() -> torch.dtype:
+def data_dtype(device: str = "cpu") -> torch.dtype:
     """The dtype the target computes new training data in: bfloat16 where the CPU has
     bf16 instructions (``modes.native_bf16``), else float32, since emulated bfloat16 is
     several times slower there (one teacher-forced shard, 8 x 512 tokens through the
     default model, on an AMD EPYC Zen 3 with AVX2 only: 80 s in bfloat16, 15 s in
-    float32). The hidden states are stored in float16 either way; greedy shards record
-    theirs (``data.json``), and a resumed run keeps it.
+    float32); bfloat16 on a GPU (``device`` "cuda"). The hidden states are stored in
+    float16 either way; greedy shards record theirs (``data.json``), and a resumed run
+    keeps it.
 
     Example::
 
@@ -83,18 +84,18 @@ def data_dtype() -> torch.dtype:
     """
     from draftwise.backends.cuda.modes import native_bf16
 
-    return torch.bfloat16 if native_bf16() else torch.float32
+    return torch.bfloat16 if device != "cpu" or native_bf16() else torch.float32
 
 
 UNRECORDED_DTYPE = "bfloat16"  # greedy shards made before data.json recorded a dtype
 
 
-def shards_dtype(out: Path) -> torch.dtype:
+def shards_dtype(out: Path, device: str = "cpu") -> torch.dtype:
     """The dtype the greedy shards in ``out`` were made in (``data.json``; bfloat16 for
-    shards from before it was recorded), or ``data_dtype()`` where there are none yet."""
+    shards from before it was recorded), or ``data_dtype(device)`` where there are none yet."""
     meta = out / "data.json"
     if not meta.is_file():
-        return data_dtype()
+        return data_dtype(device)
     name = json.loads(meta.read_text()).get("dtype", UNRECORDED_DTYPE)
     if name not in ("bfloat16", "float32"):
         raise DraftwiseError(f"{meta} records dtype {name!r}, not bfloat16 or float32")
@@ -110,10 +111,11 @@ def write_shards(
     gen_len: int = 160,
     max_prompt: int = 128,
     progress: Callable[[int, int], None] | None = None,
+    device: str = "cpu",
 ) -> None:
     """Generate the missing shards 0..n_batches-1 (see the module docstring): greedy
-    continuations in ``shards_dtype(out)``, ``batch`` prompts per forward
-    (``batch_greedy``)."""
+    continuations in ``shards_dtype(out, device)``, ``batch`` prompts per forward
+    (``batch_greedy``), the model on ``device``."""
     prompts = read_prompts(prompts_path)
     if n_batches * batch > len(prompts):
         raise DraftwiseError(
@@ -122,7 +124,7 @@ def write_shards(
         )
     # the shards' prompts depend on these: a resumed run must not mix two layouts
     digest = hashlib.sha256(prompts_path.read_bytes()).hexdigest()[:16]
-    dtype = shards_dtype(out)
+    dtype = shards_dtype(out, device)
     settings = {"prompts_sha256": digest, "n_batches": n_batches, "batch": batch,
                 "gen_len": gen_len, "max_prompt": max_prompt,
                 "dtype": str(dtype).removeprefix("torch.")}
@@ -146,7 +148,7 @@ def write_shards(
     from draftwise.training.batch_greedy import greedy_continuations, prompt_states
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = Llama.load(model_dir, dtype, torch.device("cpu"), max_cache_len=1)
+    model = Llama.load(model_dir, dtype, torch.device(device), max_cache_len=1)
     ordered = shard_prompts(tok, prompts[: n_batches * batch], batch, max_prompt)
     for done, i in enumerate(todo):
         ids = ordered[i * batch : (i + 1) * batch]
@@ -170,6 +172,7 @@ def add_prompt_states(
     batch: int,
     max_prompt: int,
     progress: Callable[[int, int], None] | None = None,
+    device: str = "cpu",
 ) -> None:
     """Add the prompts' tokens and hidden states (``batch_greedy.prompt_states``) to
     shards written without them (by an earlier version), each rewritten atomically, so
@@ -184,7 +187,7 @@ def add_prompt_states(
     from draftwise.training.batch_greedy import prompt_states
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = Llama.load(model_dir, shards_dtype(out), torch.device("cpu"), max_cache_len=1)
+    model = Llama.load(model_dir, shards_dtype(out), torch.device(device), max_cache_len=1)
     prompts = read_prompts(prompts_path)
     ordered = shard_prompts(tok, prompts[: n_batches * batch], batch, max_prompt)
     for done, i in enumerate(todo):

@@ -51,6 +51,7 @@ class TrainSettings:
     context_rows: int = 16  # context networks: rows per step (batch // rows positions each)
     soft_weight: float = 0.0  # weight of the target's own distribution (``soft_term``)
     soft_temp: float = 1.0  # that distribution's temperature
+    device: str = "cpu"  # where the network and the data live while training ("cuda": a GPU)
 
 
 def choose_vocab(
@@ -92,7 +93,7 @@ def _batch(
     next tokens."""
     rows, pos = idx[:, 0], idx[:, 1]  # (B,), (B,)
     length = tokens.shape[1]
-    offs = torch.arange(t + 1)  # (T+1,)
+    offs = torch.arange(t + 1, device=tokens.device)  # (T+1,)
     at = (pos[:, None] + offs[None]).clamp(max=length - 1)  # (B, T+1)
     seq = tokens[rows[:, None], at]  # (B, T+1)
     ok = valid[rows[:, None], at] & (pos[:, None] + offs[None] < length)  # (B, T+1)
@@ -184,18 +185,20 @@ def train(
             raise DraftwiseError(
                 f"soft_weight > 0 needs the target's head rows ({k}, {c}), got {got}"
             )
-        soft = Soft(head.float(), s.soft_weight, s.soft_temp)
+        soft = Soft(head.float().to(s.device), s.soft_weight, s.soft_temp)
+    dev = torch.device(s.device)
+    net.to(dev)
     vd_roots = torch.from_numpy(valid)  # (N, L): the roots are continuation positions
     offset = 0
     if net.cfg.context_dim and prompt is not None:
         tokens, hidden, valid = _with_prompt(tokens, hidden, valid, prompt)
         offset = prompt[0].shape[1]
-    tk = torch.from_numpy(tokens.astype(np.int64))  # (N, W + L)
-    hd = torch.from_numpy(hidden)  # (N, W + L, C) float16
-    vd = torch.from_numpy(valid)  # (N, W + L)
-    lb = None if labels is None else torch.from_numpy(labels.astype(np.int64))  # (N, L)
-    col = torch.full((net.cfg.vocab_size,), IGNORE, dtype=torch.long)  # (V,)
-    col[net.vocab_ids] = torch.arange(net.cfg.draft_vocab)
+    tk = torch.from_numpy(tokens.astype(np.int64)).to(dev)  # (N, W + L)
+    hd = torch.from_numpy(hidden).to(dev)  # (N, W + L, C) float16
+    vd = torch.from_numpy(valid).to(dev)  # (N, W + L)
+    lb = None if labels is None else torch.from_numpy(labels.astype(np.int64)).to(dev)  # (N, L)
+    col = torch.full((net.cfg.vocab_size,), IGNORE, dtype=torch.long, device=dev)  # (V,)
+    col[net.vocab_ids] = torch.arange(net.cfg.draft_vocab, device=dev)
     root_ok = None if labels is None else tokens == labels
     if net.cfg.context_dim and labels is not None:
         raise DraftwiseError("a context drafter trains on greedy continuations only")
@@ -209,7 +212,7 @@ def train(
     step = 0
     state_path = out / STATE
     if state_path.is_file():
-        st = torch.load(state_path, weights_only=False)
+        st = torch.load(state_path, weights_only=False, map_location=dev)
         net.load_state_dict(st["net"], strict=False)
         opt.load_state_dict(st["opt"])
         sched.load_state_dict(st["sched"])
@@ -220,13 +223,13 @@ def train(
         epoch, i = divmod(step, per_epoch)
         if net.cfg.context_dim:
             rows, pos = _context_rows(vd_roots, s, step)
-            pos = pos + offset
+            rows, pos = rows.to(dev), pos.to(dev) + offset
             loss = context_loss(net, *_context_batch(net, tk, hd, vd, rows, pos, s.t), soft=soft)
         else:
             perm = torch.randperm(
                 idx.shape[0], generator=torch.Generator().manual_seed(s.seed + epoch)
             )
-            sel = idx[perm[i * s.batch : (i + 1) * s.batch]]
+            sel = idx[perm[i * s.batch : (i + 1) * s.batch]].to(dev)
             inputs, h, want, hs = _batch(net, tk, hd, vd, col, sel, s.t, lb)
             loss = loss_of(net, inputs, h, want, hs, soft)
         opt.zero_grad(set_to_none=True)
@@ -300,14 +303,15 @@ def _context_batch(
     keys, values, cols = net.context_entries(hid, tok, nxt, g)
     # an entry needs its token, its hidden state and the next token (the prompt's first
     # token has no hidden state: not valid)
-    has_next = val & torch.cat([val[:, 1:], torch.zeros(r, 1, dtype=torch.bool)], dim=1)
-    j = torch.arange(length)
+    dev = tok.device
+    has_next = val & torch.cat([val[:, 1:], torch.zeros(r, 1, dtype=torch.bool, device=dev)], dim=1)
+    j = torch.arange(length, device=dev)
     ok = (j[None, None, :] < pos[:, :, None]) & has_next[:, None, :]  # (R, Q, L)
-    offs = torch.arange(t + 1)  # (T+1,)
+    offs = torch.arange(t + 1, device=dev)  # (T+1,)
     at = pos[:, :, None] + offs  # (R, Q, T+1)
     inside = at < length
     at = at.clamp(max=length - 1)
-    ri = torch.arange(r)[:, None, None]
+    ri = torch.arange(r, device=dev)[:, None, None]
     seq = tok[ri, at]  # (R, Q, T+1)
     good = val[ri, at] & inside  # (R, Q, T+1)
     lab = net.col[seq[..., 1:]]  # (R, Q, T)
@@ -396,28 +400,29 @@ def chain_acceptance(
     if net.cfg.context_dim and prompt is not None:
         tokens, hidden, valid = _with_prompt(tokens, hidden, valid, prompt)
         offset = prompt[0].shape[1]
+    dev = net.embed.device  # the network's device: the rows go there
     tk, hd, vd = (
-        torch.from_numpy(tokens.astype(np.int64)),
-        torch.from_numpy(hidden),
-        torch.from_numpy(valid),
+        torch.from_numpy(tokens.astype(np.int64)).to(dev),
+        torch.from_numpy(hidden).to(dev),
+        torch.from_numpy(valid).to(dev),
     )
-    lb = None if labels is None else torch.from_numpy(labels.astype(np.int64))
-    col = torch.full((net.cfg.vocab_size,), IGNORE, dtype=torch.long)
-    col[net.vocab_ids] = torch.arange(net.cfg.draft_vocab)
+    lb = None if labels is None else torch.from_numpy(labels.astype(np.int64)).to(dev)
+    col = torch.full((net.cfg.vocab_size,), IGNORE, dtype=torch.long, device=dev)
+    col[net.vocab_ids] = torch.arange(net.cfg.draft_vocab, device=dev)
     if net.cfg.context_dim:  # every root of the first rows holding about n of them
         rights = []
         for r0 in range(0, tk.shape[0], 8):
-            rows = torch.arange(r0, min(r0 + 8, tk.shape[0]))
+            rows = torch.arange(r0, min(r0 + 8, tk.shape[0]), device=dev)
             length = roots.shape[1]
-            pos = offset + torch.arange(length - 1).expand(rows.numel(), -1)  # (R, L-1)
+            pos = offset + torch.arange(length - 1, device=dev).expand(rows.numel(), -1)  # (R, L-1)
             inputs, h, want, *ctx, _ = _context_batch(net, tk, hd, vd, rows, pos, t)
             right = context_unroll(net, inputs, h, *ctx).argmax(-1) == want  # (R, Q, T)
-            rights.append(right[torch.from_numpy(roots[r0 : r0 + rows.numel(), :-1])])
+            rights.append(right[torch.from_numpy(roots[r0 : r0 + rows.numel(), :-1]).to(dev)])
             if sum(x.shape[0] for x in rights) >= n:
                 break
-        return torch.cat(rights).cumprod(dim=1).float().mean(0).numpy()
+        return torch.cat(rights).cumprod(dim=1).float().mean(0).cpu().numpy()
     idx = torch.from_numpy(samples(valid, t, None if labels is None else tokens == labels))
     idx = idx[torch.randperm(idx.shape[0], generator=torch.Generator().manual_seed(1))[:n]]
-    inputs, h, want, _ = _batch(net, tk, hd, vd, col, idx, t, lb)
+    inputs, h, want, _ = _batch(net, tk, hd, vd, col, idx.to(dev), t, lb)
     right = net.unroll(h, inputs).argmax(-1) == want  # (B, T)
-    return right.cumprod(dim=1).float().mean(0).numpy()
+    return right.cumprod(dim=1).float().mean(0).cpu().numpy()

@@ -49,9 +49,21 @@ class TrainRecipe:
     train_batch: int = 512
     soft_weight: float = 0.0  # + this x the target's own distribution's cross-entropy
     soft_temp: float = 1.0  # that distribution's temperature
+    device: str = "cpu"  # where the data is generated and the network trained ("cuda": a GPU)
 
     def check(self) -> None:
         """One-line error naming the first out-of-range setting (before any work)."""
+        if self.device != "cpu":
+            import torch
+
+            try:
+                dev = torch.device(self.device)
+            except (RuntimeError, ValueError):
+                raise DraftwiseError(f"--device must be cpu or cuda, got {self.device!r}") from None
+            if dev.type != "cuda":
+                raise DraftwiseError(f"--device must be cpu or cuda, got {self.device!r}")
+            if not torch.cuda.is_available():
+                raise DraftwiseError(f"--device {self.device}: torch sees no CUDA GPU here")
         for f in fields(self):
             v = getattr(self, f.name)
             low = 0 if f.name in ("forced_batches", "forced_skip", "context_dim") else 1
@@ -135,6 +147,7 @@ def train_redrafter(
         recipe.gen_len,
         recipe.max_prompt,
         data_progress,
+        recipe.device,
     )
     bar.close()
     if recipe.context_dim:  # shards made before prompts were stored get them added
@@ -147,6 +160,7 @@ def train_redrafter(
             recipe.batch,
             recipe.max_prompt,
             lambda i, n: pbar.update(1),
+            recipe.device,
         )
         pbar.close()
     forced = out / "forced"
@@ -214,7 +228,7 @@ def train_redrafter(
     net = ReDrafterNet(cfg, embed, torch.from_numpy(vocab))
     s = TrainSettings(
         recipe.t, recipe.epochs, recipe.lr, recipe.train_batch, context_rows=recipe.context_rows,
-        soft_weight=recipe.soft_weight, soft_temp=recipe.soft_temp,
+        soft_weight=recipe.soft_weight, soft_temp=recipe.soft_temp, device=recipe.device,
     )
     tbar = tqdm(desc="train (steps)", disable=quiet, file=sys.stderr)
 

@@ -6,6 +6,7 @@ tests/apps/test_train_drafter.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,14 @@ def test_new_data_takes_bfloat16_only_where_the_cpu_computes_it(monkeypatch, fla
 
     monkeypatch.setattr(modes, "cpu_flags", lambda: frozenset(flags))
     assert distill.data_dtype() == getattr(torch, want)
+
+
+def test_new_data_on_a_gpu_takes_bfloat16(monkeypatch):
+    from draftwise.backends.cuda import modes
+
+    monkeypatch.setattr(modes, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert distill.data_dtype("cuda") == torch.bfloat16
+    assert distill.shards_dtype(Path("/nonexistent"), "cuda") == torch.bfloat16
 
 
 def test_greedy_shards_keep_the_dtype_they_were_made_in(monkeypatch, tmp_path):

@@ -18,6 +18,7 @@ from draftwise.training.fit import (  # noqa: E402
     Soft,
     TrainSettings,
     _context_batch,
+    chain_acceptance,
     context_unroll,
     soft_term,
     train,
@@ -116,6 +117,29 @@ def test_soft_training_needs_the_head_rows(tmp_path):
 def test_the_recipe_refuses_bad_soft_settings(field, value, match):
     with pytest.raises(DraftwiseError, match=match):
         TrainRecipe(**{field: value}).check()
+
+
+@pytest.mark.parametrize(
+    ("device", "match"),
+    [("tpu", "--device must be cpu or cuda, got 'tpu'"),
+     ("meta", "--device must be cpu or cuda, got 'meta'"),
+     ("cuda", "--device cuda: torch sees no CUDA GPU here")],
+)
+def test_the_recipe_refuses_a_device_it_cannot_use(monkeypatch, device, match):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DraftwiseError, match=match):
+        TrainRecipe(device=device).check()
+    TrainRecipe(device="cpu").check()
+
+
+def test_training_on_a_named_device_moves_the_network_there(tmp_path):
+    # CI has no GPU: "cpu" named explicitly takes the same path a "cuda" run does
+    tokens, hidden, valid = _data(4, 8, torch.randn(K, C))
+    net = _net(0)
+    s = TrainSettings(t=2, epochs=1, batch=8, device="cpu")
+    losses = train(net, tokens, hidden, valid, tmp_path, s)
+    assert losses and net.embed.device.type == "cpu"
+    assert chain_acceptance(net, tokens, hidden, valid, 2).shape == (2,)
 
 
 def test_target_rows_are_the_embeddings_unless_the_checkpoint_has_a_head(tmp_path):

@@ -1,0 +1,160 @@
+"""The ReDrafter recipe (``draftwise train-drafter``) inside a fixed time, on a GPU lent for
+minutes: the same data (the target's greedy continuations with their hidden states and
+the prompts' own states, ``training/batch_greedy.py``), network and loss (``training/fit.py``),
+but the data is kept in memory (no shards), generated until a deadline, and the number of
+epochs is fitted to the time left after timing a few training steps. Every 20th row is
+held out, as in the recipe; the held-out chain acceptance of the new network and of the
+shipped one are measured on the same rows.
+
+Example (what made ``draftwise/data/redrafter-smollm2-135m`` in session o, on an H200)::
+
+    python scripts/train_drafter_timed.py --model /tmp/SmolLM2-135M-Instruct \\
+        --prompts /tmp/train-prompts.jsonl --out $OUT/rd --device cuda --budget 480
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from draftwise.backends.cuda.llama import Llama
+from draftwise.backends.cuda.redrafter.checkpoint import (
+    load_redrafter,
+    save_redrafter,
+    weights_fingerprint,
+)
+from draftwise.backends.cuda.redrafter.net import ReDrafterNet
+from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig
+from draftwise.models.tokenizer import Tokenizer
+from draftwise.training.batch_greedy import greedy_continuations, prompt_states
+from draftwise.training.distill import read_prompts, shard_prompts
+from draftwise.training.fit import TrainSettings, chain_acceptance, choose_vocab, train
+from draftwise.training.recipe import target_rows
+
+SHIPPED = Path(__file__).resolve().parents[1] / "draftwise/data/redrafter-smollm2-135m"
+
+
+def log(msg: str, t0: float) -> None:
+    print(f"[{time.time() - t0:7.1f} s] {msg}", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--prompts", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--budget", type=float, default=480.0, help="seconds for everything")
+    p.add_argument("--data-share", type=float, default=0.45, help="of the budget, at most, for data")
+    p.add_argument("--batch", type=int, default=1024, help="prompts per generation forward")
+    p.add_argument("--max-batches", type=int, default=10_000)
+    p.add_argument("--gen-len", type=int, default=256)
+    p.add_argument("--max-prompt", type=int, default=256)
+    p.add_argument("--prefill-rows", type=int, default=128)
+    p.add_argument("--train-batch", type=int, default=2048)
+    p.add_argument("--context-rows", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1.5e-3)
+    p.add_argument("--max-epochs", type=float, default=3.0)
+    p.add_argument("--t", type=int, default=5)
+    args = p.parse_args()
+    t0 = time.time()
+    dev = torch.device(args.device)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    prompts = read_prompts(args.prompts)
+    n_batches = min(args.max_batches, len(prompts) // args.batch)
+    ordered = shard_prompts(tok, prompts[: n_batches * args.batch], args.batch, args.max_prompt)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    model = Llama.load(args.model, dtype, dev, max_cache_len=1)
+    log(f"{len(prompts)} prompts, {n_batches} batches of {args.batch}; model on {dev}", t0)
+    parts: list[tuple[np.ndarray, ...]] = []
+    for i in range(n_batches):
+        if time.time() - t0 > args.data_share * args.budget:
+            log(f"data deadline: {i} of {n_batches} batches", t0)
+            break
+        ids = ordered[i * args.batch : (i + 1) * args.batch]
+        tokens, hidden, valid = greedy_continuations(model, ids, args.gen_len, tok.eos_token_id, args.prefill_rows)
+        ptok, phid, pvalid, _ = prompt_states(model, ids, args.max_prompt, args.prefill_rows)
+        parts.append((tokens, hidden, valid, ptok, phid, pvalid))
+        log(f"batch {i}: {int(valid.sum())} tokens", t0)
+    del model
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    g_tokens, g_hidden, g_valid, p_tok, p_hid, p_val = (np.concatenate([q[k] for q in parts]) for k in range(6))
+    del parts
+    held_rows = np.arange(g_tokens.shape[0]) % 20 == 19
+    tokens, hidden, valid = (a[~held_rows] for a in (g_tokens, g_hidden, g_valid))
+    held = (g_tokens[held_rows], g_hidden[held_rows], g_valid[held_rows])
+    prompt = tuple(a[~held_rows] for a in (p_tok, p_hid, p_val))
+    held_prompt = tuple(a[held_rows] for a in (p_tok, p_hid, p_val))
+    del g_tokens, g_hidden, g_valid, p_tok, p_hid, p_val  # the splits are copies
+    t_data = time.time() - t0
+    log(f"data: {int(valid.sum())} train tokens, {int(held[2].sum())} held out", t0)
+
+    embed, _ = target_rows(args.model)
+    vocab, cover = choose_vocab(tokens, valid, 4096, int(embed.shape[0]))
+    cfg = ReDrafterConfig(
+        int(embed.shape[1]), int(embed.shape[0]), int(vocab.size), 1,
+        Tokenizer.from_dir(args.model).identity(), weights_fingerprint(embed), args.model.name,
+        context_dim=256, context_heads=4,
+    )
+    s = TrainSettings(args.t, 1.0, args.lr, args.train_batch, ckpt_every=10**9,
+                      context_rows=args.context_rows, device=args.device)
+    roots = int(valid[:, :-1].sum())
+    per_epoch = max(1, roots // args.train_batch)
+    # time a few steps on a throwaway network (same shapes), then fit the epochs
+    torch.manual_seed(0)
+    probe = ReDrafterNet(cfg, embed, torch.from_numpy(vocab))
+    stamps: dict[int, float] = {}
+
+    def stamp(step: int, total: int, loss: float) -> None:
+        stamps[step] = time.time()
+
+    with tempfile.TemporaryDirectory() as tmp:  # steps 10..30 (not the data's move)
+        train(probe, tokens, hidden, valid, Path(tmp), replace(s, epochs=30.5 / per_epoch), stamp, prompt=prompt)
+    step_s = (stamps[30] - stamps[10]) / 20
+    del probe
+    left = args.budget - (time.time() - t0) - 40  # evaluation and saving
+    epochs = max(0.2, min(args.max_epochs, left / (step_s * per_epoch)))
+    log(f"{roots} roots, {per_epoch} steps an epoch, {step_s * 1000:.1f} ms a step: {epochs:.2f} epochs", t0)
+    torch.manual_seed(0)
+    net = ReDrafterNet(cfg, embed, torch.from_numpy(vocab))
+    args.out.mkdir(parents=True, exist_ok=True)
+    t2 = time.time()
+    losses = train(net, tokens, hidden, valid, args.out, replace(s, epochs=epochs), prompt=prompt)
+    t_train = time.time() - t2
+    log(f"trained: last losses {[round(x, 3) for x in losses[-3:]]}", t0)
+    save_redrafter(net, args.out)
+    (args.out / "train_state.pt").unlink(missing_ok=True)
+    acc = chain_acceptance(net, *held, args.t, prompt=held_prompt)
+    summary: dict[str, object] = {
+        "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
+        "batches": len(held_rows) // args.batch, "gen_len": args.gen_len, "max_prompt": args.max_prompt,
+        "train_tokens": int(valid.sum()), "heldout_tokens": int(held[2].sum()),
+        "coverage": round(cover, 4), "epochs": round(epochs, 3), "steps": len(losses),
+        "train_batch": args.train_batch, "context_rows": args.context_rows, "lr": args.lr,
+        "step_ms": round(1000 * t_train / max(1, len(losses)), 2),
+        "data_s": round(t_data, 1), "train_s": round(t_train, 1),
+        "heldout_chain_acceptance": [round(float(a), 4) for a in acc],
+        "last_losses": [round(x, 3) for x in losses[-5:]],
+    }
+    if SHIPPED.is_dir():  # the shipped network on the same held-out rows
+        old = load_redrafter(SHIPPED, embed, cfg.tokenizer_id, cfg.fingerprint).to(dev)
+        summary["shipped_heldout_chain_acceptance"] = [
+            round(float(a), 4) for a in chain_acceptance(old, *held, args.t, prompt=held_prompt)
+        ]
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    log(json.dumps(summary), t0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
