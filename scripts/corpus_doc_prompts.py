@@ -21,6 +21,8 @@ import random
 import re
 from pathlib import Path
 
+from draftwise.core.atomic import atomic_file
+
 CORPUS = Path(__file__).resolve().parents[1] / "../shared/corpus"
 
 DOC_TASKS = (
@@ -89,11 +91,8 @@ def main() -> None:
                 task = rng.choice(tasks)
                 rows.append({"id": f"{name}-chunk-{k}-{i}", "prompt": task.format(text=c),
                              "response": None, "source": f"corpus/{name}.txt"})
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    tmp.replace(args.out)
+    with atomic_file(args.out, "w") as f:  # a temp file, then a rename
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
     print(f"wrote {len(rows)} prompts to {args.out}")
 
 
