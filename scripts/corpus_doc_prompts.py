@@ -52,7 +52,7 @@ def chunks(text: str, size: int, offset: int = 0) -> list[str]:
 
     Example::
 
-        >>> chunks("a\\n\\nb\\n\\nc", 3)
+        >>> chunks("a\\n\\nb\\n\\nc", 4)
         ['a\\n\\nb', 'c']
     """
     blocks = [b.strip("\n") for b in re.split(r"\n\s*\n", text) if b.strip()][offset:]

@@ -44,9 +44,12 @@ def main() -> None:
     import gguf
     from safetensors.numpy import save_file
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("gguf", type=Path)
-    p.add_argument("--meta", type=Path, required=True, help="a converted folder: its config and tokenizer")
+    p.add_argument("--meta", type=Path, required=True,
+                   help="a converted folder: its config and tokenizer")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     for f in (args.gguf, args.meta / "config.json"):
@@ -55,7 +58,9 @@ def main() -> None:
     r = gguf.GGUFReader(str(args.gguf))
     arch = str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8")
     if arch != "llama":
-        raise SystemExit(f"{args.gguf} is a {arch!r} model; this script un-permutes llama's q/k only")
+        raise SystemExit(
+            f"{args.gguf} is a {arch!r} model; this script un-permutes llama's q/k only"
+        )
     nh = int(r.fields["llama.attention.head_count"].parts[-1][0])
     nkv = int(r.fields["llama.attention.head_count_kv"].parts[-1][0])
     state = {}
@@ -67,7 +72,8 @@ def main() -> None:
         else:
             _, i, kind, _ = t.name.split(".")
             key = f"model.layers.{i}.{NAMES[kind]}.weight"
-            w = unpermute(w, nh) if kind == "attn_q" else unpermute(w, nkv) if kind == "attn_k" else w
+            if kind in ("attn_q", "attn_k"):
+                w = unpermute(w, nh if kind == "attn_q" else nkv)
         state[key] = np.ascontiguousarray(w)
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = args.out / "model.safetensors.tmp"
