@@ -47,13 +47,16 @@ def log(msg: str, t0: float) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--prompts", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--budget", type=float, default=480.0, help="seconds for everything")
-    p.add_argument("--data-share", type=float, default=0.45, help="of the budget, at most, for data")
+    p.add_argument("--data-share", type=float, default=0.45,
+                   help="of the budget, at most, for data")
     p.add_argument("--batch", type=int, default=1024, help="prompts per generation forward")
     p.add_argument("--max-batches", type=int, default=10_000)
     p.add_argument("--gen-len", type=int, default=256)
@@ -82,16 +85,23 @@ def main() -> None:
             log(f"data deadline: {i} of {n_batches} batches", t0)
             break
         ids = ordered[i * args.batch : (i + 1) * args.batch]
-        tokens, hidden, valid = greedy_continuations(model, ids, args.gen_len, tok.eos_token_id, args.prefill_rows)
+        tokens, hidden, valid = greedy_continuations(
+            model, ids, args.gen_len, tok.eos_token_id, args.prefill_rows
+        )
         ptok, phid, pvalid, _ = prompt_states(model, ids, args.max_prompt, args.prefill_rows)
         parts.append((tokens, hidden, valid, ptok, phid, pvalid))
         log(f"batch {i}: {int(valid.sum())} tokens", t0)
     del model
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-    g_tokens, g_hidden, g_valid, p_tok, p_hid, p_val = (np.concatenate([q[k] for q in parts]) for k in range(6))
+    g_tokens, g_hidden, g_valid, p_tok, p_hid, p_val = (
+        np.concatenate([q[k] for q in parts]) for k in range(6)
+    )
     del parts
+    if g_tokens.shape[0] < 2:
+        raise SystemExit(f"{g_tokens.shape[0]} row(s) of data: some are held out, so 2 at least")
     held_rows = np.arange(g_tokens.shape[0]) % 20 == 19
+    held_rows[-1] |= not held_rows.any()  # (fewer than 20 rows: the last one)
     tokens, hidden, valid = (a[~held_rows] for a in (g_tokens, g_hidden, g_valid))
     held = (g_tokens[held_rows], g_hidden[held_rows], g_valid[held_rows])
     prompt = tuple(a[~held_rows] for a in (p_tok, p_hid, p_val))
@@ -120,12 +130,14 @@ def main() -> None:
         stamps[step] = time.time()
 
     with tempfile.TemporaryDirectory() as tmp:  # steps 10..30 (not the data's move)
-        train(probe, tokens, hidden, valid, Path(tmp), replace(s, epochs=30.5 / per_epoch), stamp, prompt=prompt)
+        probe_s = replace(s, epochs=30.5 / per_epoch)
+        train(probe, tokens, hidden, valid, Path(tmp), probe_s, stamp, prompt=prompt)
     step_s = (stamps[30] - stamps[10]) / 20
     del probe
     left = args.budget - (time.time() - t0) - 40  # evaluation and saving
     epochs = max(0.2, min(args.max_epochs, left / (step_s * per_epoch)))
-    log(f"{roots} roots, {per_epoch} steps an epoch, {step_s * 1000:.1f} ms a step: {epochs:.2f} epochs", t0)
+    log(f"{roots} roots, {per_epoch} steps an epoch, {step_s * 1000:.1f} ms a step: "
+        f"{epochs:.2f} epochs", t0)
     torch.manual_seed(0)
     net = ReDrafterNet(cfg, embed, torch.from_numpy(vocab))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -138,7 +150,8 @@ def main() -> None:
     acc = chain_acceptance(net, *held, args.t, prompt=held_prompt)
     summary: dict[str, object] = {
         "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
-        "batches": len(held_rows) // args.batch, "gen_len": args.gen_len, "max_prompt": args.max_prompt,
+        "batches": len(held_rows) // args.batch, "gen_len": args.gen_len,
+        "max_prompt": args.max_prompt,
         "train_tokens": int(valid.sum()), "heldout_tokens": int(held[2].sum()),
         "coverage": round(cover, 4), "epochs": round(epochs, 3), "steps": len(losses),
         "train_batch": args.train_batch, "context_rows": args.context_rows, "lr": args.lr,

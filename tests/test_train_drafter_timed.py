@@ -1,0 +1,37 @@
+"""``scripts/train_drafter_timed.py`` (the recipe a lent GPU runs) end to end on the CPU with
+tiny sizes: data, a timed probe, training, a loadable checkpoint and its summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tests.scripts import SCRIPTS  # noqa: E402
+
+
+@pytest.mark.slow
+def test_a_tiny_timed_run_writes_a_checkpoint_and_its_summary(default_model_dir, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"id": f"t-{i}", "prompt": f"Count from {i} to {i + 5}.", "response": None}
+            for i in range(12)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "rd"
+    cmd = [sys.executable, str(SCRIPTS / "train_drafter_timed.py"),
+           "--model", str(default_model_dir), "--prompts", str(prompts), "--out", str(out),
+           "--device", "cpu", "--budget", "120",
+           "--batch", "4", "--gen-len", "4", "--max-prompt", "16", "--prefill-rows", "4",
+           "--train-batch", "16", "--context-rows", "4"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["batches"] == 3 and summary["steps"] >= 1
+    assert summary["train_tokens"] > 0 and summary["heldout_tokens"] > 0
+    assert len(summary["heldout_chain_acceptance"]) == 5
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["context_dim"] == 256 and (out / "model.safetensors").is_file()
+    assert not (out / "train_state.pt").exists()
