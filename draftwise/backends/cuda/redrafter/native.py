@@ -38,6 +38,15 @@ their bytes; AMD EPYC Zen 4, a live decode of 26 Spec-Bench prompts, alternating
 process: a three-token chain 0.51-0.53 ms against 0.66-0.71 read as bytes, the whole
 proposal 0.82-0.84 against 0.96-1.01).
 
+Where the build has avx512_vnni, every 4-bit layer is also held in tiles of 16 outputs x
+32 inputs (``tile4``) and multiplied as the target's 4-bit kernel does (a vpdpbusd lane
+is an output; the activations int8 per 32 inputs instead of 4: one int32 sum, one
+conversion and one FMA per 16 outputs and block; ``csrc/redrafter.c``, ``tile_mv``).
+AMD EPYC Zen 4, 2 threads, warm: a one-token chain 0.082 -> 0.045 ms, a three-token
+chain 0.25 -> 0.136; in a live decode (56 held-out corpus prompts x 128 tokens,
+``redrafter:bw=1,t=3``, alternating in one process) drafting 0.76 -> 0.63 ms a step,
+MAT 2.089 -> 2.086 and the same 56 texts (``bench/results/specbench-4bit-zen4/session-p``).
+
 Example::
 
     step = NativeRecurrentStep(net, backend, extend=True)   # needs redrafter_lib()
@@ -73,11 +82,13 @@ _ROW_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 class _I8(ctypes.Structure):
     """``DwI8``: one int8 layer (codes (n, k), scales (n,), bias (n,) or NULL, the codes +
     128 as uint8 (n, k) or NULL, the 4-bit codes packed (n, k / 2) (``pack4``) or NULL,
-    and a ``GROUPED`` layer's bfloat16 scales (n, k / 32) or NULL)."""
+    a ``GROUPED`` layer's bfloat16 scales (n, k / 32) or NULL, the 4-bit codes in tiles
+    (n / 16, k / 32, 256) (``tile4``) or NULL, and the group scales in the tiles' order
+    (n / 16, k / 32, 16) or NULL)."""
 
     _fields_ = [
         ("w", P), ("scale", P), ("bias", P), ("wu", P), ("w4", P), ("n", I64), ("k", I64),
-        ("gs", P),
+        ("gs", P), ("tw", P), ("tg", P),
     ]
 
 
@@ -98,6 +109,10 @@ class _Proposal(ctypes.Structure):
         ("h", P), ("hr", P), ("hq", P), ("hg", F32), ("xbias", F32),
         ("keys", P), ("vals", P), ("cols", P), ("m", I64), ("extra", P), ("e", I64),
     ]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def native_supported(net: ReDrafterNet) -> bool:
@@ -137,6 +152,35 @@ def pack4(codes: torch.Tensor) -> torch.Tensor:
     return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
 
 
+def tile4(codes: torch.Tensor) -> torch.Tensor:
+    """(N, K) int8 codes in -7..7 (N a multiple of 16, K of 32) -> (N / 16, K / 32, 256)
+    uint8 tiles of 16 outputs x 32 inputs, as ``csrc/redrafter.c``'s tiled products read
+    them: in a tile's 64-byte group g, byte 4 i + e holds output i's code + 8 of input
+    8 g + e in its low four bits and of input 8 g + 4 + e in its high four.
+
+    Example::
+
+        >>> c = (torch.arange(32 * 32).reshape(32, 32) % 15 - 7).to(torch.int8)
+        >>> t = tile4(c)
+        >>> t.shape, int(t[0, 0, 4]) & 15, int(t[0, 0, 4]) >> 4   # output 1: inputs 0, 4
+        (torch.Size([2, 1, 256]), 3, 7)
+    """
+    n, k = codes.shape
+    if n % 16 or k % 32 or int(codes.min()) < -7 or int(codes.max()) > 7:
+        raise ValueError(
+            f"4-bit tiles need codes in -7..7, N % 16 == 0 and K % 32 == 0, got {n} x {k}")
+    c = (codes.to(torch.int16) + 8).to(torch.uint8)
+    # (tile, i, block, g, half, e) -> (tile, block, g, i, e, half)
+    c = c.view(n // 16, 16, k // 32, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    return (c[..., 0] | (c[..., 1] << 4)).reshape(n // 16, k // 32, 256).contiguous()
+
+
+def tile_scales(gs: torch.Tensor) -> torch.Tensor:
+    """(N, K / 32) group scales -> (N / 16, K / 32, 16) in ``tile4``'s order."""
+    n, nb = gs.shape
+    return gs.view(n // 16, 16, nb).permute(0, 2, 1).contiguous()
+
+
 class NativeRecurrentStep(TorchRecurrentStep):
     """``TorchRecurrentStep`` (int8, on CPU) whose beam step is one compiled call."""
 
@@ -144,7 +188,7 @@ class NativeRecurrentStep(TorchRecurrentStep):
 
     def __init__(
         self, net: ReDrafterNet, backend: Any, extend: bool = False, pack4: bool = True,
-        groups: bool = True,
+        groups: bool = True, tiles: bool = True,
     ) -> None:
         super().__init__(net, backend, int8=True, extend=extend, torch_layers=False)
         # the 4-bit layers read packed (``pack4``) where the int8 products run (vpdpbusd
@@ -156,6 +200,10 @@ class NativeRecurrentStep(TorchRecurrentStep):
         # both: see ``step.GROUPED``)
         self.groups = groups
         lib = redrafter_lib()
+        # the 4-bit layers also in tiles of 16 outputs x 32 inputs, where the build has
+        # the tiled products (avx512_vnni; ``tile4``: one int32 sum a block and output,
+        # the activations rounded per 32 inputs; False: dot4q's products only)
+        self.tiles = bool(tiles and lib is not None and lib.dw_rd_tiles())
         if lib is None or not native_supported(net):
             raise ValueError("the compiled ReDrafter step is not available for this network")
         self._fn = lib.dw_rd_step
@@ -286,11 +334,12 @@ class NativeRecurrentStep(TorchRecurrentStep):
             scale = torch.ones(n, dtype=torch.float32)
             b = torch.empty(0) if bias is None else bias.detach().float().contiguous()
             w4, gbits = pack4(codes), gs.view(torch.int16)
-            self._keep.extend((codes, scale, b, w4, gbits))
+            tw, tg = self._tiles(codes, gbits)
+            self._keep.extend((codes, scale, b, w4, gbits, tw, tg))
             return _I8(
                 w=codes.data_ptr(), scale=scale.data_ptr(),
                 bias=b.data_ptr() if b.numel() else None, wu=None, w4=w4.data_ptr(),
-                n=n, k=k, gs=gbits.data_ptr(),
+                n=n, k=k, gs=gbits.data_ptr(), tw=_ptr(tw), tg=_ptr(tg),
             )
         codes, scale, b = _quantize(weight, bias, levels)
         # (n, k / 2) a 4-bit layer's codes two a byte, where the int8 products run (the
@@ -300,13 +349,24 @@ class NativeRecurrentStep(TorchRecurrentStep):
         wu = None
         if k % 64 == 0 and self._int8 == 1 and w4 is None:
             wu = (codes.to(torch.int16) + 128).to(torch.uint8).contiguous()
-        self._keep.extend((codes, scale, b, wu, w4))
+        tw = self._tiles(codes, None)[0] if levels <= 7 else None
+        self._keep.extend((codes, scale, b, wu, w4, tw))
         return _I8(
             w=codes.data_ptr(), scale=scale.data_ptr(),
             bias=b.data_ptr() if b.numel() else None,
             wu=None if wu is None else wu.data_ptr(),
-            w4=None if w4 is None else w4.data_ptr(), n=n, k=k,
+            w4=None if w4 is None else w4.data_ptr(), n=n, k=k, tw=_ptr(tw),
         )
+
+    def _tiles(
+        self, codes: torch.Tensor, gbits: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """A 4-bit layer's tiles (``tile4``) and its group scales in their order, where
+        this step takes the tiled products and the layer's sizes fit them; else Nones."""
+        n, k = codes.shape
+        if not self.tiles or n % 16 or k % 32:
+            return None, None
+        return tile4(codes), None if gbits is None else tile_scales(gbits)
 
     def start(self, cache_len: int, context: np.ndarray) -> bool:
         """As ``TorchRecurrentStep.start`` (the same quantities, in float32 through the

@@ -44,6 +44,9 @@ typedef struct {
     int64_t n, k;       /* n % 4 == 0, k % 16 == 0 (checked by the caller) */
     const uint16_t *gs; /* (n, k / 32) bfloat16: the codes' scale for each 32 inputs of a
                          * row (then scale is 1), or NULL; with w4 set (k % 64 == 0) */
+    const uint8_t *tw;  /* (n / 16, k / 32, 256) the same 4-bit codes + 8 in tiles of 16
+                         * outputs x 32 inputs (tile_mv), or NULL */
+    const uint16_t *tg; /* (n / 16, k / 32, 16) gs in the tiles' order, or NULL */
 } DwI8;
 
 typedef struct {
@@ -338,6 +341,116 @@ static inline __attribute__((always_inline)) void dot4q(
 #define QCASE(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 0, 0); break;
 #define QCASE4(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1, 0); break;
 #define QCASEG(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1, 1); break;
+
+/* The tiled path (``tw``: 4-bit layers, n % 16 == 0, k % 32 == 0): a vpdpbusd lane is
+ * one OUTPUT, four inputs, as in int4.c's kernel for the target. The activations are
+ * int8 per row and block of 32 inputs (d = max |x| / 127, q = x / d rounded to nearest
+ * even), so a block's 8 products per output sum in int32 and take one conversion and
+ * one FMA for 16 outputs:
+ *   y = scale * sum_b d_b (sum_{i in b} (c_i + 8) q_i - 8 sum_{i in b} q_i) [* g_b] + bias,
+ * g_b the group scales of a ``gs`` layer (its scale 1). About 28 instructions per 16
+ * outputs and 32 inputs where dot4q spends about 80 (five per output and 64 inputs on
+ * top of the unpacking). A tile is 256 bytes: in its 64-byte group g (0..3), byte
+ * 4 i + e holds output i's codes + 8 of input 8 g + e (low nibble) and 8 g + 4 + e (high).
+ * The drafts differ from dot4q's at near-ties (a coarser activation rounding); the
+ * target verifies every token. */
+#define TB 32
+/* x (b, k) rows, row stride ldx -> xq (b, k) int8 q, dx (b, k / 32) the blocks' scales,
+ * xs (b, k / 32) -8 x the blocks' sums of q. */
+static void quant_rows32(const float *x, int64_t ldx, int64_t b, int64_t k, int8_t *xq,
+                         float *dx, int32_t *xs) {
+    const int64_t nb = k / TB;
+    for (int64_t r = 0; r < b; r++) {
+        for (int64_t j = 0; j < nb; j++) {
+            const float *xp = x + r * ldx + j * TB;
+            __m512 v0 = _mm512_loadu_ps(xp), v1 = _mm512_loadu_ps(xp + 16);
+            float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            __m512 inv = _mm512_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
+            __m512i q0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v0, inv),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m512i q1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(v1, inv),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            int8_t *qp = xq + r * k + j * TB;
+            _mm_storeu_si128((__m128i *)qp, _mm512_cvtsepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(qp + 16), _mm512_cvtsepi32_epi8(q1));
+            dx[r * nb + j] = mx * (1.0f / 127.0f);
+            xs[r * nb + j] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        }
+    }
+}
+
+/* y[r, 16 t .. 16 t + 15] for rb rows (a compile-time constant below) from tile row t. */
+static inline __attribute__((always_inline)) void tile_rows(
+    const DwI8 *L, int64_t t, const int8_t *xq, const float *dx, const int32_t *xs, int rb,
+    float *y, int64_t ldy) {
+    const int64_t k = L->k, nb = k / TB;
+    const uint8_t *w = L->tw + t * nb * 256;
+    const uint16_t *tg = L->tg != NULL ? L->tg + t * nb * 16 : NULL;
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * 256;
+        /* the weights come cold (the target's forward streamed past them): 4 tiles ahead */
+        for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(wb + 4 * 256 + 64 * l), _MM_HINT_T0);
+        __m512i lo[4], hi[4];
+        for (int g = 0; g < 4; g++) {
+            __m512i v = _mm512_loadu_si512((const void *)(wb + 64 * g));
+            lo[g] = _mm512_and_si512(v, low4);
+            hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        }
+        __m512 gv = _mm512_set1_ps(1.0f);
+        if (tg != NULL) /* 16 bfloat16 group scales, widened */
+            gv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                _mm256_loadu_si256((const __m256i *)(tg + b * 16))), 16));
+        for (int r = 0; r < 4; r++) {
+            if (r >= rb) break;
+            const int8_t *xr = xq + r * k + b * TB;
+            int32_t x4[8];
+            memcpy(x4, xr, sizeof x4);
+            /* two chains: the low nibbles' inputs (8 g .. 8 g + 3) and the high ones' */
+            __m512i a0 = _mm512_set1_epi32(xs[r * nb + b]), a1 = _mm512_setzero_si512();
+            for (int g = 0; g < 4; g++) {
+                a0 = _mm512_dpbusd_epi32(a0, lo[g], _mm512_set1_epi32(x4[2 * g]));
+                a1 = _mm512_dpbusd_epi32(a1, hi[g], _mm512_set1_epi32(x4[2 * g + 1]));
+            }
+            __m512 sc = _mm512_set1_ps(dx[r * nb + b]);
+            if (tg != NULL) sc = _mm512_mul_ps(sc, gv);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1)), sc, acc[r]);
+        }
+    }
+    __m512 scale = _mm512_loadu_ps(L->scale + 16 * t);
+    __m512 bias = L->bias != NULL ? _mm512_loadu_ps(L->bias + 16 * t) : _mm512_setzero_ps();
+    for (int r = 0; r < 4; r++) {
+        if (r >= rb) break;
+        _mm512_storeu_ps(y + r * ldy + 16 * t, _mm512_fmadd_ps(acc[r], scale, bias));
+    }
+}
+
+#define TCASE(n) case n: tile_rows(L, t, xq + r0 * L->k, dx + r0 * nb, xs + r0 * nb, n, y + r0 * ldy, ldy); break;
+
+static int rd_tiles = 1; /* dw_rd_use_tiles(0): dot4q's products (tests compare both) */
+
+/* i8_mv through the tiles; 1 where scratch memory could not be allocated. */
+static int tile_mv(const DwI8 *L, const float *x, int64_t ldx, int64_t b, float *y,
+                   int64_t ldy, int threads) {
+    const int64_t nb = L->k / TB, tiles = L->n / 16;
+    int8_t *xq = (int8_t *)malloc((size_t)(b * L->k) + sizeof(float) * (size_t)(2 * b * nb));
+    if (xq == NULL) return 1;
+    float *dx = (float *)(xq + b * L->k);
+    int32_t *xs = (int32_t *)(dx + b * nb);
+    quant_rows32(x, ldx, b, L->k, xq, dx, xs);
+    int par = threads > 1 && tiles > 1 && L->n * L->k * (b < 4 ? b : 4) >= (1 << 17);
+#pragma omp parallel for schedule(static) num_threads(threads) if (par)
+    for (int64_t t = 0; t < tiles; t++) {
+        for (int64_t r0 = 0; r0 < b; r0 += 4) {
+            int rb = (int)(b - r0 < 4 ? b - r0 : 4);
+            switch (rb) { TCASE(1) TCASE(2) TCASE(3) TCASE(4) }
+        }
+    }
+    free(xq);
+    return 0;
+}
 #else
 /* Without avx512_vnni (AVX2): the same int8 quantisation per group of 4 inputs, and the
  * exact int32 group sums from vpmaddubsw on |code| and the activations with each code's
@@ -458,6 +571,7 @@ static inline __attribute__((always_inline)) void dot4q(
 #define QCASE(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 0, 0); break;
 #define QCASE4(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1, 0); break;
 #define QCASEG(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1, 1); break;
+
 #endif
 
 /* Which int8 products this build has: 1 vpdpbusd (avx512_vnni, reading ``wu``: the codes
@@ -468,10 +582,31 @@ int dw_rd_vnni(void) { return RD_Q; }
  * both). */
 void dw_rd_use_vnni(int on) { rd_vnni = on != 0; }
 
+/* Whether this build has the tiled products (tile_mv: avx512_vnni), and take them (on =
+ * 1, the default) or dot4q's (on = 0: tests compare both). */
+int dw_rd_tiles(void) {
+#if RD_Q == 1
+    return 1;
+#else
+    return 0;
+#endif
+}
+void dw_rd_use_tiles(int on) {
+#if RD_Q == 1
+    rd_tiles = on != 0;
+#else
+    (void)on;
+#endif
+}
+
 /* y (b, n) with row stride ldy = x (b, k) with row stride ldx times L's weights, plus
  * its bias. */
 static void i8_mv(const DwI8 *L, const float *x, int64_t ldx, int64_t b, float *y,
                   int64_t ldy, int threads) {
+#if RD_Q == 1
+    if (rd_vnni && rd_tiles && L->tw != NULL && tile_mv(L, x, ldx, b, y, ldy, threads) == 0)
+        return; /* (no memory for the tiles' scratch: the products below, which try again) */
+#endif
     int64_t groups = L->n / 4;
     int par = threads > 1 && L->n * L->k * (b < 4 ? b : 4) >= (1 << 17);
     int8_t *xq = NULL; /* the quantised rows where the int8 products run, else NULL */
@@ -906,6 +1041,8 @@ int dw_rd_chain(const DwRdNet *net, const DwRdProposal *pr, int64_t root, int64_
 
 int dw_rd_vnni(void) { return 0; }
 void dw_rd_use_vnni(int on) { (void)on; }
+int dw_rd_tiles(void) { return 0; }
+void dw_rd_use_tiles(int on) { (void)on; }
 
 int dw_rd_chain(const void *net, const void *pr, int64_t root, int64_t t, const int64_t *ids,
                 const float *min_path, int64_t *tokens, float *logp, int64_t *made,
