@@ -10,6 +10,15 @@ Example (what made ``draftwise/data/redrafter-smollm2-135m`` in session o, on an
 
     python scripts/train_drafter_timed.py --model /tmp/SmolLM2-135M-Instruct \\
         --prompts /tmp/train-prompts.jsonl --out $OUT/rd --device cuda --budget 480
+
+A later lent GPU can carry on from a checkpoint: ``--init
+draftwise/data/redrafter-smollm2-135m`` starts from that network (its draft vocabulary
+too) instead of a fresh one. The data is deterministic (greedy continuations of the same
+length-sorted batches for the same ``--prompts`` and ``--batch``), and the held-out rows
+are every 20th from the first batch on, so from batch 0 a run holds out the rows the
+shipped network was held out from and trains it further on the rest; ``--first-batch
+28`` skips the 28 batches session o's run made (``batches`` in its ``summary.json``) and
+trains on prompts it never saw.
 """
 
 from __future__ import annotations
@@ -67,7 +76,15 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--max-epochs", type=float, default=3.0)
     p.add_argument("--t", type=int, default=5)
+    p.add_argument("--init", type=Path, default=None,
+                   help="start from this ReDrafter checkpoint (and its draft vocabulary)")
+    p.add_argument("--first-batch", type=int, default=0,
+                   help="skip this many batches of the length-sorted prompts (an earlier run's)")
     args = p.parse_args()
+    if args.init is not None and not (args.init / "config.json").is_file():
+        raise SystemExit(f"--init {args.init}: no ReDrafter checkpoint there (no config.json)")
+    if args.first_batch < 0:
+        raise SystemExit(f"--first-batch must be >= 0, got {args.first_batch}")
     t0 = time.time()
     dev = torch.device(args.device)
     from transformers import AutoTokenizer
@@ -75,12 +92,14 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(args.model)
     prompts = read_prompts(args.prompts)
     n_batches = min(args.max_batches, len(prompts) // args.batch)
+    if args.first_batch >= n_batches:
+        raise SystemExit(f"--first-batch {args.first_batch}: the prompts make {n_batches} batches")
     ordered = shard_prompts(tok, prompts[: n_batches * args.batch], args.batch, args.max_prompt)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     model = Llama.load(args.model, dtype, dev, max_cache_len=1)
     log(f"{len(prompts)} prompts, {n_batches} batches of {args.batch}; model on {dev}", t0)
     parts: list[tuple[np.ndarray, ...]] = []
-    for i in range(n_batches):
+    for i in range(args.first_batch, n_batches):
         if time.time() - t0 > args.data_share * args.budget:
             log(f"data deadline: {i} of {n_batches} batches", t0)
             break
@@ -111,12 +130,19 @@ def main() -> None:
     log(f"data: {int(valid.sum())} train tokens, {int(held[2].sum())} held out", t0)
 
     embed, _ = target_rows(args.model)
-    vocab, cover = choose_vocab(tokens, valid, 4096, int(embed.shape[0]))
-    cfg = ReDrafterConfig(
-        int(embed.shape[1]), int(embed.shape[0]), int(vocab.size), 1,
-        Tokenizer.from_dir(args.model).identity(), weights_fingerprint(embed), args.model.name,
-        context_dim=256, context_heads=4,
-    )
+    tid, fp = Tokenizer.from_dir(args.model).identity(), weights_fingerprint(embed)
+    if args.init is not None:  # its vocabulary and shapes; the weights are loaded below
+        start = load_redrafter(args.init, embed, tid, fp)
+        cfg, vocab = start.cfg, start.vocab_ids.numpy()
+        out_ids = tokens[valid].astype(np.int64)
+        cover = float(np.isin(out_ids, vocab).mean()) if out_ids.size else 0.0
+        del start
+    else:
+        vocab, cover = choose_vocab(tokens, valid, 4096, int(embed.shape[0]))
+        cfg = ReDrafterConfig(
+            int(embed.shape[1]), int(embed.shape[0]), int(vocab.size), 1, tid, fp,
+            args.model.name, context_dim=256, context_heads=4,
+        )
     s = TrainSettings(args.t, 1.0, args.lr, args.train_batch, ckpt_every=10**9,
                       context_rows=args.context_rows, device=args.device)
     roots = int(valid[:, :-1].sum())
@@ -139,7 +165,10 @@ def main() -> None:
     log(f"{roots} roots, {per_epoch} steps an epoch, {step_s * 1000:.1f} ms a step: "
         f"{epochs:.2f} epochs", t0)
     torch.manual_seed(0)
-    net = ReDrafterNet(cfg, embed, torch.from_numpy(vocab))
+    if args.init is not None:
+        net = load_redrafter(args.init, embed, tid, fp)
+    else:
+        net = ReDrafterNet(cfg, embed, torch.from_numpy(vocab))
     args.out.mkdir(parents=True, exist_ok=True)
     t2 = time.time()
     losses = train(net, tokens, hidden, valid, args.out, replace(s, epochs=epochs), prompt=prompt)
@@ -151,7 +180,8 @@ def main() -> None:
     summary: dict[str, object] = {
         "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
         "batches": len(held_rows) // args.batch, "gen_len": args.gen_len,
-        "max_prompt": args.max_prompt,
+        "max_prompt": args.max_prompt, "first_batch": args.first_batch,
+        "init": None if args.init is None else str(args.init),
         "train_tokens": int(valid.sum()), "heldout_tokens": int(held[2].sum()),
         "coverage": round(cover, 4), "epochs": round(epochs, 3), "steps": len(losses),
         "train_batch": args.train_batch, "context_rows": args.context_rows, "lr": args.lr,

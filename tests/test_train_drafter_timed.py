@@ -35,3 +35,37 @@ def test_a_tiny_timed_run_writes_a_checkpoint_and_its_summary(default_model_dir,
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["context_dim"] == 256 and (out / "model.safetensors").is_file()
     assert not (out / "train_state.pt").exists()
+
+
+@pytest.mark.slow
+def test_a_run_carries_on_from_a_checkpoint_with_later_batches(default_model_dir, tmp_path):
+    """``--init`` starts from a checkpoint (its draft vocabulary kept) and ``--first-batch``
+    skips that many batches of the length-sorted prompts; a missing checkpoint or a first
+    batch past the prompts' batches is refused in one line before the model loads."""
+    from safetensors.torch import load_file
+
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"id": f"t-{i}", "prompt": f"Name {i} colours, then {i + 2} fruits.", "response": None}
+            for i in range(12)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = [sys.executable, str(SCRIPTS / "train_drafter_timed.py"),
+            "--model", str(default_model_dir), "--prompts", str(prompts), "--device", "cpu",
+            "--budget", "120", "--batch", "4", "--gen-len", "4", "--max-prompt", "16",
+            "--prefill-rows", "4", "--train-batch", "16", "--context-rows", "4"]
+    first = tmp_path / "rd1"
+    subprocess.run([*base, "--out", str(first)], check=True, capture_output=True, timeout=600)
+    second = tmp_path / "rd2"
+    subprocess.run([*base, "--out", str(second), "--init", str(first), "--first-batch", "1"],
+                   check=True, capture_output=True, timeout=600)
+    summary = json.loads((second / "summary.json").read_text())
+    assert summary["init"] == str(first) and summary["first_batch"] == 1
+    assert summary["batches"] == 2 and summary["steps"] >= 1  # batches 1 and 2 of 3
+    ids = [load_file(str(d / "model.safetensors"))["vocab_ids"] for d in (first, second)]
+    assert ids[0].tolist() == ids[1].tolist()
+    for extra, words in ((["--init", str(tmp_path / "nothing")], "no ReDrafter checkpoint"),
+                         (["--first-batch", "3"], "make 3 batches"),
+                         (["--first-batch", "-1"], "must be >= 0")):
+        got = subprocess.run([*base, "--out", str(tmp_path / "rd3"), *extra],
+                             capture_output=True, text=True, timeout=300)
+        assert got.returncode != 0 and words in got.stderr.strip().splitlines()[-1]
+        assert not (tmp_path / "rd3").exists()
