@@ -18,8 +18,9 @@
  * copy putting head 0's weight a_j on column cols[j] (the caller takes the log).
  *
  * The matrix-vector products read each int8 weight once for all B rows, four outputs at
- * a time (independent FMA chains), split over threads by output; each output is one
- * thread's dot product in input order, so the result does not depend on the thread count.
+ * a time (independent FMA chains), or sixteen in a tile (tile_mv, where avx512_vnni
+ * exists), split over threads by output; each output is one thread's dot product in
+ * input order, so the result does not depend on the thread count.
  */
 #include <math.h>
 #include <stdint.h>
@@ -391,7 +392,8 @@ static inline __attribute__((always_inline)) void tile_rows(
     for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + b * 256;
-        /* the weights come cold (the target's forward streamed past them): 4 tiles ahead */
+        /* the weights come cold (the target's forward streamed past them): 4 blocks ahead
+         * (past the tile row's end, the next row's; past the matrix, harmless) */
         for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(wb + 4 * 256 + 64 * l), _MM_HINT_T0);
         __m512i lo[4], hi[4];
         for (int g = 0; g < 4; g++) {
@@ -571,7 +573,6 @@ static inline __attribute__((always_inline)) void dot4q(
 #define QCASE(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 0, 0); break;
 #define QCASE4(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1, 0); break;
 #define QCASEG(n) case n: dot4q(L, n0, xq + r0 * L->k, dx + r0 * (L->k / 4), xs + r0 * (L->k / 4), n, y + r0 * ldy, ldy, 1, 1); break;
-
 #endif
 
 /* Which int8 products this build has: 1 vpdpbusd (avx512_vnni, reading ``wu``: the codes
