@@ -42,6 +42,7 @@ from draftwise.backends.cuda.redrafter.checkpoint import (
 )
 from draftwise.backends.cuda.redrafter.net import ReDrafterNet
 from draftwise.core.drafters.redrafter_ckpt import ReDrafterConfig
+from draftwise.errors import DraftwiseError
 from draftwise.models.tokenizer import Tokenizer
 from draftwise.training.batch_greedy import greedy_continuations, prompt_states
 from draftwise.training.distill import read_prompts, shard_prompts
@@ -95,6 +96,14 @@ def main() -> None:
     if args.first_batch >= n_batches:
         raise SystemExit(f"--first-batch {args.first_batch}: the prompts make {n_batches} batches")
     ordered = shard_prompts(tok, prompts[: n_batches * args.batch], args.batch, args.max_prompt)
+    embed, _ = target_rows(args.model)
+    tid, fp = Tokenizer.from_dir(args.model).identity(), weights_fingerprint(embed)
+    start = None  # --init's network, checked against this model before any slow work
+    if args.init is not None:
+        try:
+            start = load_redrafter(args.init, embed, tid, fp)
+        except DraftwiseError as e:
+            raise SystemExit(f"--init: {e}") from None
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     model = Llama.load(args.model, dtype, dev, max_cache_len=1)
     log(f"{len(prompts)} prompts, {n_batches} batches of {args.batch}; model on {dev}", t0)
@@ -129,14 +138,10 @@ def main() -> None:
     t_data = time.time() - t0
     log(f"data: {int(valid.sum())} train tokens, {int(held[2].sum())} held out", t0)
 
-    embed, _ = target_rows(args.model)
-    tid, fp = Tokenizer.from_dir(args.model).identity(), weights_fingerprint(embed)
-    if args.init is not None:  # its vocabulary and shapes; the weights are loaded below
-        start = load_redrafter(args.init, embed, tid, fp)
+    if start is not None:  # its vocabulary and shapes
         cfg, vocab = start.cfg, start.vocab_ids.numpy()
         out_ids = tokens[valid].astype(np.int64)
         cover = float(np.isin(out_ids, vocab).mean()) if out_ids.size else 0.0
-        del start
     else:
         vocab, cover = choose_vocab(tokens, valid, 4096, int(embed.shape[0]))
         cfg = ReDrafterConfig(
@@ -165,10 +170,7 @@ def main() -> None:
     log(f"{roots} roots, {per_epoch} steps an epoch, {step_s * 1000:.1f} ms a step: "
         f"{epochs:.2f} epochs", t0)
     torch.manual_seed(0)
-    if args.init is not None:
-        net = load_redrafter(args.init, embed, tid, fp)
-    else:
-        net = ReDrafterNet(cfg, embed, torch.from_numpy(vocab))
+    net = start if start is not None else ReDrafterNet(cfg, embed, torch.from_numpy(vocab))
     args.out.mkdir(parents=True, exist_ok=True)
     t2 = time.time()
     losses = train(net, tokens, hidden, valid, args.out, replace(s, epochs=epochs), prompt=prompt)

@@ -40,8 +40,9 @@ def test_a_tiny_timed_run_writes_a_checkpoint_and_its_summary(default_model_dir,
 @pytest.mark.slow
 def test_a_run_carries_on_from_a_checkpoint_with_later_batches(default_model_dir, tmp_path):
     """``--init`` starts from a checkpoint (its draft vocabulary kept) and ``--first-batch``
-    skips that many batches of the length-sorted prompts; a missing checkpoint or a first
-    batch past the prompts' batches is refused in one line before the model loads."""
+    skips that many batches of the length-sorted prompts; a missing checkpoint, one made
+    for other weights, or a first batch past the prompts' batches is refused in one line
+    before the model loads."""
     from safetensors.torch import load_file
 
     prompts = tmp_path / "p.jsonl"
@@ -62,7 +63,14 @@ def test_a_run_carries_on_from_a_checkpoint_with_later_batches(default_model_dir
     assert summary["batches"] == 2 and summary["steps"] >= 1  # batches 1 and 2 of 3
     ids = [load_file(str(d / "model.safetensors"))["vocab_ids"] for d in (first, second)]
     assert ids[0].tolist() == ids[1].tolist()
+    other = tmp_path / "other"  # the first checkpoint, as if made for other weights
+    other.mkdir()
+    for f in first.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(cfg | {"fingerprint": "0" * 32}))
     for extra, words in ((["--init", str(tmp_path / "nothing")], "no ReDrafter checkpoint"),
+                         (["--init", str(other)], "trained for other model weights"),
                          (["--first-batch", "3"], "make 3 batches"),
                          (["--first-batch", "-1"], "must be >= 0")):
         got = subprocess.run([*base, "--out", str(tmp_path / "rd3"), *extra],
