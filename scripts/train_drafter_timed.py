@@ -6,7 +6,8 @@ epochs is fitted to the time left after timing a few training steps. Every 20th 
 held out, as in the recipe; the held-out chain acceptance of the new network and of the
 shipped one are measured on the same rows.
 
-Example (what made ``draftwise/data/redrafter-smollm2-135m`` in session o, on an H200)::
+Example (session o's network, on an H200; session q trained it on with ``--init`` it,
+``--budget 550 --data-share 0.55 --lr 7e-4``: the shipped one)::
 
     python scripts/train_drafter_timed.py --model /tmp/SmolLM2-135M-Instruct \\
         --prompts /tmp/train-prompts.jsonl --out $OUT/rd --device cuda --budget 480
@@ -17,7 +18,7 @@ too) instead of a fresh one. The data is deterministic (greedy continuations of 
 length-sorted batches for the same ``--prompts`` and ``--batch``), and the held-out rows
 are every 20th from the first batch on, so from batch 0 a run holds out the rows the
 shipped network was held out from and trains it further on the rest; ``--first-batch
-28`` skips the 28 batches session o's run made (``batches`` in its ``summary.json``) and
+N`` skips the first N batches (an earlier run's ``batches`` in its ``summary.json``) and
 trains on prompts it never saw.
 """
 

@@ -170,7 +170,7 @@ def test_native_step_refuses_bad_arguments(tiny):  # type: ignore[no-untyped-def
 def test_shipped_network_native_drafts_equal_the_torch_step(torch_model):  # type: ignore[no-untyped-def]
     """The default model with the shipped network: the drafter built on the CPU is the
     compiled one, and at every proposal of a generation its chain (bw=1, t=3) draft
-    distributions are the torch step's within 0.03, with the same token wherever the
+    distributions are the torch step's within 0.06, with the same token wherever the
     torch step's best token leads its second by more than 0.1 in log-probability."""
     import draftwise
 
@@ -196,9 +196,11 @@ def test_shipped_network_native_drafts_equal_the_torch_step(torch_model):  # typ
         tok, par = ctx[-1:], np.array([-1])
         for _ in range(3):  # a chain: feed the torch step's choice to both
             a, b = ref.step(tok, par), native.step(tok, par)
-            # (activations: bfloat16 against int8 or float32; measured on three own
-            # prompts, max 0.019-0.025 with the 4-bit layers, 0.011-0.021 all int8)
-            assert np.abs(np.exp(a) - np.exp(b)).max() < 0.03  # probabilities
+            # (activations: bfloat16 against int8 per 32 inputs (the tiles) or per 4
+            # (dot4q). The shipped network of session q on OWN_PROMPTS[:3], this loop's
+            # max: tiles 0.028 / 0.042 / 0.019, dot4q 0.049 / 0.023 / 0.023; session o's
+            # network 0.027 / 0.059 / 0.055 and 0.015 / 0.047 / 0.030; AMD EPYC Zen 4)
+            assert np.abs(np.exp(a) - np.exp(b)).max() < 0.06  # probabilities
             top = np.sort(a[0])[-2:]
             if top[1] - top[0] > 0.1:
                 checked += 1
