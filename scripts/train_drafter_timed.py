@@ -78,6 +78,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--max-epochs", type=float, default=3.0)
     p.add_argument("--t", type=int, default=5)
+    p.add_argument("--temp", type=float, default=0.0,
+                   help="sample the continuations at this temperature (0: greedy, the recipe's)")
     p.add_argument("--init", type=Path, default=None,
                    help="start from this ReDrafter checkpoint (and its draft vocabulary)")
     p.add_argument("--first-batch", type=int, default=0,
@@ -87,6 +89,8 @@ def main() -> None:
         raise SystemExit(f"--init {args.init}: no ReDrafter checkpoint there (no config.json)")
     if args.first_batch < 0:
         raise SystemExit(f"--first-batch must be >= 0, got {args.first_batch}")
+    if not (args.temp >= 0.0 and args.temp < float("inf")):
+        raise SystemExit(f"--temp must be a finite number >= 0, got {args.temp}")
     t0 = time.time()
     dev = torch.device(args.device)
     from transformers import AutoTokenizer
@@ -115,7 +119,7 @@ def main() -> None:
             break
         ids = ordered[i * args.batch : (i + 1) * args.batch]
         tokens, hidden, valid = greedy_continuations(
-            model, ids, args.gen_len, tok.eos_token_id, args.prefill_rows
+            model, ids, args.gen_len, tok.eos_token_id, args.prefill_rows, args.temp, seed=i
         )
         ptok, phid, pvalid, _ = prompt_states(model, ids, args.max_prompt, args.prefill_rows)
         parts.append((tokens, hidden, valid, ptok, phid, pvalid))
@@ -183,7 +187,7 @@ def main() -> None:
     summary: dict[str, object] = {
         "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
         "batches": len(held_rows) // args.batch, "gen_len": args.gen_len,
-        "max_prompt": args.max_prompt, "first_batch": args.first_batch,
+        "max_prompt": args.max_prompt, "first_batch": args.first_batch, "temp": args.temp,
         "init": None if args.init is None else str(args.init),
         "train_tokens": int(valid.sum()), "heldout_tokens": int(held[2].sum()),
         "coverage": round(cover, 4), "epochs": round(epochs, 3), "steps": len(losses),

@@ -118,16 +118,25 @@ def greedy_continuations(
     gen_len: int,
     eos: int | None,
     prefill_rows: int = 16,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Greedy continuation of every prompt for ``gen_len`` tokens: tokens (B, L) int32,
     hidden (B, L, C) float16, valid (B, L) bool (see the module docstring). Prompts are
     prefilled ``prefill_rows`` at a time (bounds the score matrices' memory), each chunk
     from its longest prompt's first token: give prompts sorted by length to waste little
-    on padding."""
+    on padding.
+
+    ``temperature`` > 0 samples each token instead, from ``softmax(logits / T)`` by its
+    CDF in id order at a uniform of its own (row ``b``'s from ``default_rng([seed, b])``,
+    whatever else is in the batch): contexts like those seeded sampling meets, for a
+    drafter that drafts there."""
     if not prompts or any(len(x) == 0 for x in prompts):
         raise DraftwiseError("greedy_continuations needs non-empty prompts")
     if gen_len < 1:
         raise DraftwiseError(f"gen_len must be at least 1, got {gen_len}")
+    if not (temperature >= 0.0 and np.isfinite(temperature)):
+        raise DraftwiseError(f"temperature must be a finite number >= 0, got {temperature}")
     if model.int4:
         raise DraftwiseError("greedy_continuations runs a dense (not 4-bit) model")
     dev = model.device
@@ -144,9 +153,20 @@ def greedy_continuations(
     toks = torch.zeros((b, gen_len), dtype=torch.int32, device=dev)
     hids = torch.zeros((b, gen_len, model.cfg.dim), dtype=torch.float16, device=dev)
     valid = torch.zeros((b, gen_len), dtype=torch.bool, device=dev)
+    u = None  # (B, L) each row's uniforms, when sampling
+    if temperature > 0.0:
+        u = torch.from_numpy(
+            np.stack([np.random.default_rng([seed, r]).random(gen_len) for r in range(b)])
+        ).to(dev)
     for j in range(gen_len):
         xn = model.final_hidden(last)  # (B', C)
-        nxt = model.logits(xn).float().argmax(-1)  # (B',)
+        logits = model.logits(xn).float()  # (B', V)
+        if u is None:
+            nxt = logits.argmax(-1)  # (B',)
+        else:  # the first id whose CDF passes the row's uniform
+            cdf = torch.softmax(logits / temperature, -1).double().cumsum(-1)  # (B', V)
+            at = u[row_of, j, None] * cdf[:, -1:]  # (B', 1)
+            nxt = (cdf <= at).sum(-1).clamp_(max=logits.shape[1] - 1)  # (B',)
         toks[row_of, j], hids[row_of, j], valid[row_of, j] = nxt.int(), xn.half(), alive
         if eos is not None:
             alive &= nxt != eos

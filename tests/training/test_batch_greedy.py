@@ -97,3 +97,38 @@ def test_prompt_states_in_the_continuation_layout(setup):  # type: ignore[no-unt
     assert short[0].tolist() == prompts[0][-4:] and vshort[0].tolist() == [False] + [True] * 3
     with pytest.raises(DraftwiseError, match="non-empty prompts"):
         prompt_states(model, [[]], 4)
+
+
+def test_sampled_continuations_follow_the_model_at_each_row_s_own_uniforms(setup):  # type: ignore[no-untyped-def]
+    """``temperature`` > 0: each token is the CDF inverse (id order) of the returned
+    state's softmax(logits / T) at the row's uniform; the same seed gives the same
+    tokens, in any batch; another seed other ones; a tiny temperature is greedy."""
+    _, _, prompts, model = setup
+    t = 0.8
+    tokens, hidden, valid = greedy_continuations(model, prompts, N, eos=None, temperature=t, seed=3)
+    assert valid.all()
+    again, _, _ = greedy_continuations(model, prompts, N, eos=None, temperature=t, seed=3)
+    assert again.tolist() == tokens.tolist()
+    first, _, _ = greedy_continuations(model, prompts[:1], N, eos=None, temperature=t, seed=3)
+    assert first[0].tolist() == tokens[0].tolist()  # row 0's uniforms, whatever the batch
+    other, _, _ = greedy_continuations(model, prompts, N, eos=None, temperature=t, seed=4)
+    assert other.tolist() != tokens.tolist()
+    greedy, _, _ = greedy_continuations(model, prompts, N, eos=None)
+    cold, _, _ = greedy_continuations(model, prompts, N, eos=None, temperature=1e-4, seed=3)
+    assert cold.tolist() == greedy.tolist()
+    assert tokens.tolist() != greedy.tolist()  # sampling at 0.8 leaves the greedy path
+    for r in range(len(prompts)):
+        u = np.random.default_rng([3, r]).random(N)
+        with torch.inference_mode():
+            logits = model.logits(torch.from_numpy(hidden[r].astype(np.float32))).double()
+        cdf = torch.softmax(logits / t, -1).cumsum(-1).numpy()  # (N, V)
+        for j in range(N):  # the token's CDF interval holds the uniform (state rounded
+            lo = cdf[j, tokens[r, j] - 1] if tokens[r, j] else 0.0  # to float16: a margin)
+            assert lo - 2e-2 <= u[j] * cdf[j, -1] <= cdf[j, tokens[r, j]] + 2e-2
+
+
+def test_a_negative_or_nan_temperature_is_refused(setup):  # type: ignore[no-untyped-def]
+    _, _, prompts, model = setup
+    for bad in (-0.5, float("nan")):
+        with pytest.raises(DraftwiseError, match="temperature must be a finite number >= 0"):
+            greedy_continuations(model, prompts, 4, eos=None, temperature=bad)
