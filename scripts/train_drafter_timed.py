@@ -6,8 +6,8 @@ epochs is fitted to the time left after timing a few training steps. Every 20th 
 held out, as in the recipe; the held-out chain acceptance of the new network and of the
 shipped one are measured on the same rows.
 
-Example (session o's network, on an H200; session q trained it on with ``--init`` it,
-``--budget 550 --data-share 0.55 --lr 7e-4``: the shipped one)::
+Example (session o's network, on an H200; session q carried it on from there, ``--init``
+that network with ``--budget 550 --data-share 0.55 --lr 7e-4``: the one that ships)::
 
     python scripts/train_drafter_timed.py --model /tmp/SmolLM2-135M-Instruct \\
         --prompts /tmp/train-prompts.jsonl --out $OUT/rd --device cuda --budget 480
