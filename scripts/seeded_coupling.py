@@ -141,6 +141,8 @@ def main() -> None:
         raise SystemExit(f"--context-temp must be >= 0, got {ctx_temp}")
     if not args.corpus.is_file():
         raise SystemExit(f"no corpus at {args.corpus} (it lives in ../shared/corpus)")
+    if args.path is not None and not (args.path / "config.json").is_file():
+        raise SystemExit(f"--path {args.path}: no ReDrafter checkpoint there (no config.json)")
 
     import torch
 
