@@ -80,6 +80,8 @@ def main() -> None:
     p.add_argument("--t", type=int, default=5)
     p.add_argument("--temp", type=float, default=0.0,
                    help="sample the continuations at this temperature (0: greedy, the recipe's)")
+    p.add_argument("--temp-every", type=int, default=1,
+                   help="sample only every N-th batch at --temp, the others greedy (a mix)")
     p.add_argument("--init", type=Path, default=None,
                    help="start from this ReDrafter checkpoint (and its draft vocabulary)")
     p.add_argument("--first-batch", type=int, default=0,
@@ -91,6 +93,8 @@ def main() -> None:
         raise SystemExit(f"--first-batch must be >= 0, got {args.first_batch}")
     if not (args.temp >= 0.0 and args.temp < float("inf")):
         raise SystemExit(f"--temp must be a finite number >= 0, got {args.temp}")
+    if args.temp_every < 1:
+        raise SystemExit(f"--temp-every must be >= 1, got {args.temp_every}")
     t0 = time.time()
     dev = torch.device(args.device)
     from transformers import AutoTokenizer
@@ -113,23 +117,27 @@ def main() -> None:
     model = Llama.load(args.model, dtype, dev, max_cache_len=1)
     log(f"{len(prompts)} prompts, {n_batches} batches of {args.batch}; model on {dev}", t0)
     parts: list[tuple[np.ndarray, ...]] = []
+    sampled_parts: list[np.ndarray] = []  # (rows,) bool: the row's continuation was sampled
     for i in range(args.first_batch, n_batches):
         if time.time() - t0 > args.data_share * args.budget:
             log(f"data deadline: {i} of {n_batches} batches", t0)
             break
         ids = ordered[i * args.batch : (i + 1) * args.batch]
+        temp = args.temp if i % args.temp_every == args.temp_every - 1 else 0.0
         tokens, hidden, valid = greedy_continuations(
-            model, ids, args.gen_len, tok.eos_token_id, args.prefill_rows, args.temp, seed=i
+            model, ids, args.gen_len, tok.eos_token_id, args.prefill_rows, temp, seed=i
         )
         ptok, phid, pvalid, _ = prompt_states(model, ids, args.max_prompt, args.prefill_rows)
         parts.append((tokens, hidden, valid, ptok, phid, pvalid))
-        log(f"batch {i}: {int(valid.sum())} tokens", t0)
+        sampled_parts.append(np.full(tokens.shape[0], temp > 0.0))
+        log(f"batch {i} (T = {temp}): {int(valid.sum())} tokens", t0)
     del model
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     g_tokens, g_hidden, g_valid, p_tok, p_hid, p_val = (
         np.concatenate([q[k] for q in parts]) for k in range(6)
     )
+    sampled = np.concatenate(sampled_parts)
     del parts
     if g_tokens.shape[0] < 2:
         raise SystemExit(f"{g_tokens.shape[0]} row(s) of data: some are held out, so 2 at least")
@@ -139,6 +147,7 @@ def main() -> None:
     held = (g_tokens[held_rows], g_hidden[held_rows], g_valid[held_rows])
     prompt = tuple(a[~held_rows] for a in (p_tok, p_hid, p_val))
     held_prompt = tuple(a[held_rows] for a in (p_tok, p_hid, p_val))
+    held_sampled = sampled[held_rows]
     del g_tokens, g_hidden, g_valid, p_tok, p_hid, p_val  # the splits are copies
     t_data = time.time() - t0
     log(f"data: {int(valid.sum())} train tokens, {int(held[2].sum())} held out", t0)
@@ -183,25 +192,35 @@ def main() -> None:
     log(f"trained: last losses {[round(x, 3) for x in losses[-3:]]}", t0)
     save_redrafter(net, args.out)
     (args.out / "train_state.pt").unlink(missing_ok=True)
-    acc = chain_acceptance(net, *held, args.t, prompt=held_prompt)
+    def heldout(network: ReDrafterNet) -> dict[str, list[float]]:
+        """Held-out chain acceptance, all rows and (a mix) greedy / sampled rows apart."""
+        kinds = {"": np.ones_like(held_sampled)}
+        if held_sampled.any() and not held_sampled.all():
+            kinds |= {"_greedy": ~held_sampled, "_sampled": held_sampled}
+        return {
+            kind: [round(float(a), 4) for a in chain_acceptance(
+                network, *(a[m] for a in held), args.t, prompt=tuple(a[m] for a in held_prompt))]
+            for kind, m in kinds.items()
+        }
+
+    acc = heldout(net)
     summary: dict[str, object] = {
         "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
         "batches": len(held_rows) // args.batch, "gen_len": args.gen_len,
         "max_prompt": args.max_prompt, "first_batch": args.first_batch, "temp": args.temp,
+        "temp_every": args.temp_every, "sampled_rows": int(sampled.sum()),
         "init": None if args.init is None else str(args.init),
         "train_tokens": int(valid.sum()), "heldout_tokens": int(held[2].sum()),
         "coverage": round(cover, 4), "epochs": round(epochs, 3), "steps": len(losses),
         "train_batch": args.train_batch, "context_rows": args.context_rows, "lr": args.lr,
         "step_ms": round(1000 * t_train / max(1, len(losses)), 2),
         "data_s": round(t_data, 1), "train_s": round(t_train, 1),
-        "heldout_chain_acceptance": [round(float(a), 4) for a in acc],
+        **{f"heldout_chain_acceptance{k}": v for k, v in acc.items()},
         "last_losses": [round(x, 3) for x in losses[-5:]],
     }
     if SHIPPED.is_dir():  # the shipped network on the same held-out rows
         old = load_redrafter(SHIPPED, embed, cfg.tokenizer_id, cfg.fingerprint).to(dev)
-        summary["shipped_heldout_chain_acceptance"] = [
-            round(float(a), 4) for a in chain_acceptance(old, *held, args.t, prompt=held_prompt)
-        ]
+        summary |= {f"shipped_heldout_chain_acceptance{k}": v for k, v in heldout(old).items()}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     log(json.dumps(summary), t0)
 

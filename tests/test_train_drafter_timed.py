@@ -26,10 +26,12 @@ def test_a_tiny_timed_run_writes_a_checkpoint_and_its_summary(default_model_dir,
            "--model", str(default_model_dir), "--prompts", str(prompts), "--out", str(out),
            "--device", "cpu", "--budget", "120",
            "--batch", "4", "--gen-len", "4", "--max-prompt", "16", "--prefill-rows", "4",
-           "--train-batch", "16", "--context-rows", "4", "--temp", "0.8"]  # sampled data
+           "--train-batch", "16", "--context-rows", "4",
+           "--temp", "0.8", "--temp-every", "2"]  # batch 1 sampled, 0 and 2 greedy
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["batches"] == 3 and summary["steps"] >= 1 and summary["temp"] == 0.8
+    assert summary["temp_every"] == 2 and summary["sampled_rows"] == 4
     assert summary["train_tokens"] > 0 and summary["heldout_tokens"] > 0
     assert len(summary["heldout_chain_acceptance"]) == 5
     cfg = json.loads((out / "config.json").read_text())
@@ -73,7 +75,8 @@ def test_a_run_carries_on_from_a_checkpoint_with_later_batches(default_model_dir
                          (["--init", str(other)], "trained for other model weights"),
                          (["--first-batch", "3"], "make 3 batches"),
                          (["--first-batch", "-1"], "must be >= 0"),
-                         (["--temp", "-1"], "--temp must be a finite number >= 0")):
+                         (["--temp", "-1"], "--temp must be a finite number >= 0"),
+                         (["--temp-every", "0"], "--temp-every must be >= 1")):
         got = subprocess.run([*base, "--out", str(tmp_path / "rd3"), *extra],
                              capture_output=True, text=True, timeout=300)
         assert got.returncode != 0 and words in got.stderr.strip().splitlines()[-1]
