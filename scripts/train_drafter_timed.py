@@ -187,7 +187,15 @@ def main() -> None:
     net = start if start is not None else ReDrafterNet(cfg, embed, torch.from_numpy(vocab))
     args.out.mkdir(parents=True, exist_ok=True)
     t2 = time.time()
-    losses = train(net, tokens, hidden, valid, args.out, replace(s, epochs=epochs), prompt=prompt)
+
+    def keep(step: int, total: int, loss: float) -> None:
+        """The network so far, every 1000 steps: a run cut off by its machine's time limit
+        still leaves one (what a lent GPU's command wrote comes back even when it timed out)."""
+        if step % 1000 == 0:
+            save_redrafter(net, args.out)
+
+    losses = train(net, tokens, hidden, valid, args.out, replace(s, epochs=epochs), keep,
+                   prompt=prompt)
     t_train = time.time() - t2
     log(f"trained: last losses {[round(x, 3) for x in losses[-3:]]}", t0)
     save_redrafter(net, args.out)
