@@ -53,6 +53,10 @@ from draftwise.training.recipe import target_rows
 SHIPPED = Path(__file__).resolve().parents[1] / "draftwise/data/redrafter-smollm2-135m"
 
 
+class _Deadline(Exception):
+    """Training reached the budget's deadline (``keep`` below)."""
+
+
 def log(msg: str, t0: float) -> None:
     print(f"[{time.time() - t0:7.1f} s] {msg}", flush=True)
 
@@ -66,6 +70,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--budget", type=float, default=480.0, help="seconds for everything")
+    p.add_argument("--started-at", type=float, default=None,
+                   help="the budget counts from this Unix time (the lent command's start, "
+                        "`date +%%s`: what ran before the script counts too); default: now")
     p.add_argument("--data-share", type=float, default=0.45,
                    help="of the budget, at most, for data")
     p.add_argument("--batch", type=int, default=1024, help="prompts per generation forward")
@@ -95,7 +102,10 @@ def main() -> None:
         raise SystemExit(f"--temp must be a finite number >= 0, got {args.temp}")
     if args.temp_every < 1:
         raise SystemExit(f"--temp-every must be >= 1, got {args.temp_every}")
-    t0 = time.time()
+    t0 = time.time() if args.started_at is None else args.started_at
+    if not (t0 <= time.time() < t0 + args.budget):
+        raise SystemExit(f"--started-at {args.started_at}: not within the last --budget "
+                         f"{args.budget} seconds")
     dev = torch.device(args.device)
     from transformers import AutoTokenizer
 
@@ -188,14 +198,28 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     t2 = time.time()
 
+    stop_at = t0 + args.budget - 40  # evaluation and saving after it
+    losses: list[float] = []
+
     def keep(step: int, total: int, loss: float) -> None:
-        """The network so far, every 1000 steps: a run cut off by its machine's time limit
-        still leaves one (what a lent GPU's command wrote comes back even when it timed out)."""
+        """The network so far every 1000 steps (a run cut off by its machine's time limit
+        still leaves one: what a lent GPU's command wrote comes back even when it timed
+        out), and training ends at the budget's deadline even where steps ran slower
+        than the probe's."""
+        losses.append(loss)
         if step % 1000 == 0:
             save_redrafter(net, args.out)
+        if step < total and time.time() > stop_at:
+            raise _Deadline
 
-    losses = train(net, tokens, hidden, valid, args.out, replace(s, epochs=epochs), keep,
-                   prompt=prompt)
+    stopped = False
+    try:
+        train(net, tokens, hidden, valid, args.out, replace(s, epochs=epochs), keep,
+              prompt=prompt)
+    except _Deadline:
+        net.eval()
+        stopped = True
+        log(f"deadline: training stopped after {len(losses)} steps", t0)
     t_train = time.time() - t2
     log(f"trained: last losses {[round(x, 3) for x in losses[-3:]]}", t0)
     save_redrafter(net, args.out)
@@ -220,6 +244,7 @@ def main() -> None:
         "init": None if args.init is None else str(args.init),
         "train_tokens": int(valid.sum()), "heldout_tokens": int(held[2].sum()),
         "coverage": round(cover, 4), "epochs": round(epochs, 3), "steps": len(losses),
+        "stopped_at_deadline": stopped,
         "train_batch": args.train_batch, "context_rows": args.context_rows, "lr": args.lr,
         "step_ms": round(1000 * t_train / max(1, len(losses)), 2),
         "data_s": round(t_data, 1), "train_s": round(t_train, 1),

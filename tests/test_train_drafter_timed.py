@@ -36,7 +36,7 @@ def test_a_tiny_timed_run_writes_a_checkpoint_and_its_summary(default_model_dir,
     assert len(summary["heldout_chain_acceptance"]) == 5
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["context_dim"] == 256 and (out / "model.safetensors").is_file()
-    assert not (out / "train_state.pt").exists()
+    assert not (out / "train_state.pt").exists() and not summary["stopped_at_deadline"]
 
 
 @pytest.mark.slow
@@ -76,8 +76,32 @@ def test_a_run_carries_on_from_a_checkpoint_with_later_batches(default_model_dir
                          (["--first-batch", "3"], "make 3 batches"),
                          (["--first-batch", "-1"], "must be >= 0"),
                          (["--temp", "-1"], "--temp must be a finite number >= 0"),
-                         (["--temp-every", "0"], "--temp-every must be >= 1")):
+                         (["--temp-every", "0"], "--temp-every must be >= 1"),
+                         (["--started-at", "0"], "not within the last --budget")):
         got = subprocess.run([*base, "--out", str(tmp_path / "rd3"), *extra],
                              capture_output=True, text=True, timeout=300)
         assert got.returncode != 0 and words in got.stderr.strip().splitlines()[-1]
         assert not (tmp_path / "rd3").exists()
+
+
+@pytest.mark.slow
+def test_training_stops_at_the_budgets_deadline(default_model_dir, tmp_path):
+    """``--started-at`` counts what ran before the script into ``--budget``: here its
+    deadline (the budget less 40 s for evaluation) has passed before training starts, so
+    training stops after its first step, and the network is still saved and evaluated."""
+    import time
+
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"id": f"t-{i}", "prompt": f"List {i} animals that swim.", "response": None}
+            for i in range(12)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "rd"
+    cmd = [sys.executable, str(SCRIPTS / "train_drafter_timed.py"),
+           "--model", str(default_model_dir), "--prompts", str(prompts), "--out", str(out),
+           "--device", "cpu", "--budget", "120", "--started-at", str(time.time() - 79),
+           "--data-share", "0.99", "--batch", "4", "--gen-len", "4", "--max-prompt", "16",
+           "--prefill-rows", "4", "--train-batch", "2", "--context-rows", "4"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_at_deadline"] and summary["steps"] == 1
+    assert len(summary["heldout_chain_acceptance"]) == 5 and (out / "model.safetensors").is_file()
