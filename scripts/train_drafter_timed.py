@@ -224,6 +224,7 @@ def main() -> None:
     log(f"trained: last losses {[round(x, 3) for x in losses[-3:]]}", t0)
     save_redrafter(net, args.out)
     (args.out / "train_state.pt").unlink(missing_ok=True)
+
     def heldout(network: ReDrafterNet) -> dict[str, list[float]]:
         """Held-out chain acceptance, all rows and (a mix) greedy / sampled rows apart."""
         kinds = {"": np.ones_like(held_sampled)}
