@@ -15,18 +15,23 @@ pytest.importorskip("transformers")
 from tests.scripts import SCRIPTS  # noqa: E402
 
 
+def _tiny_run(model_dir, tmp_path, prompt, train_batch: int = 16) -> list[str]:
+    """The script's command for a tiny CPU run over the 12 prompts ``prompt(i)``, without
+    ``--out``."""
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"id": f"t-{i}", "prompt": prompt(i), "response": None} for i in range(12)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [sys.executable, str(SCRIPTS / "train_drafter_timed.py"),
+            "--model", str(model_dir), "--prompts", str(prompts), "--device", "cpu",
+            "--budget", "120", "--batch", "4", "--gen-len", "4", "--max-prompt", "16",
+            "--prefill-rows", "4", "--train-batch", str(train_batch), "--context-rows", "4"]
+
+
 @pytest.mark.slow
 def test_a_tiny_timed_run_writes_a_checkpoint_and_its_summary(default_model_dir, tmp_path):
-    prompts = tmp_path / "p.jsonl"
-    rows = [{"id": f"t-{i}", "prompt": f"Count from {i} to {i + 5}.", "response": None}
-            for i in range(12)]
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "rd"
-    cmd = [sys.executable, str(SCRIPTS / "train_drafter_timed.py"),
-           "--model", str(default_model_dir), "--prompts", str(prompts), "--out", str(out),
-           "--device", "cpu", "--budget", "120",
-           "--batch", "4", "--gen-len", "4", "--max-prompt", "16", "--prefill-rows", "4",
-           "--train-batch", "16", "--context-rows", "4",
+    base = _tiny_run(default_model_dir, tmp_path, lambda i: f"Count from {i} to {i + 5}.")
+    cmd = [*base, "--out", str(out),
            "--temp", "0.8", "--temp-every", "2"]  # batch 1 sampled, 0 and 2 greedy
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
     summary = json.loads((out / "summary.json").read_text())
@@ -47,14 +52,8 @@ def test_a_run_carries_on_from_a_checkpoint_with_later_batches(default_model_dir
     before the model loads."""
     from safetensors.torch import load_file
 
-    prompts = tmp_path / "p.jsonl"
-    rows = [{"id": f"t-{i}", "prompt": f"Name {i} colours, then {i + 2} fruits.", "response": None}
-            for i in range(12)]
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    base = [sys.executable, str(SCRIPTS / "train_drafter_timed.py"),
-            "--model", str(default_model_dir), "--prompts", str(prompts), "--device", "cpu",
-            "--budget", "120", "--batch", "4", "--gen-len", "4", "--max-prompt", "16",
-            "--prefill-rows", "4", "--train-batch", "16", "--context-rows", "4"]
+    base = _tiny_run(default_model_dir, tmp_path,
+                     lambda i: f"Name {i} colours, then {i + 2} fruits.")
     first = tmp_path / "rd1"
     subprocess.run([*base, "--out", str(first)], check=True, capture_output=True, timeout=600)
     second = tmp_path / "rd2"
@@ -91,16 +90,10 @@ def test_training_stops_at_the_budgets_deadline(default_model_dir, tmp_path):
     training stops after its first step, and the network is still saved and evaluated."""
     import time
 
-    prompts = tmp_path / "p.jsonl"
-    rows = [{"id": f"t-{i}", "prompt": f"List {i} animals that swim.", "response": None}
-            for i in range(12)]
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "rd"
-    cmd = [sys.executable, str(SCRIPTS / "train_drafter_timed.py"),
-           "--model", str(default_model_dir), "--prompts", str(prompts), "--out", str(out),
-           "--device", "cpu", "--budget", "120", "--started-at", str(time.time() - 79),
-           "--data-share", "0.99", "--batch", "4", "--gen-len", "4", "--max-prompt", "16",
-           "--prefill-rows", "4", "--train-batch", "2", "--context-rows", "4"]
+    base = _tiny_run(default_model_dir, tmp_path, lambda i: f"List {i} animals that swim.", 2)
+    cmd = [*base,
+           "--out", str(out), "--started-at", str(time.time() - 79), "--data-share", "0.99"]
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_at_deadline"] and summary["steps"] == 1
