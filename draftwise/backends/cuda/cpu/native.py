@@ -219,7 +219,8 @@ def attention_lib() -> ctypes.CDLL | None:
                     kv.restype = ctypes.c_int
                     kv.argtypes = [fn.argtypes[0], p, i32, *fn.argtypes[2:]]
                     # the tests' switches of how the work is split (never the bits)
-                    for name in ("dw_attention_runs", "dw_forward_split_rows", "dw_int4_split_rows"):
+                    for name in ("dw_attention_runs", "dw_attention_pv16", "dw_forward_split_rows",
+                                 "dw_int4_split_rows"):
                         getattr(lib, name).restype = ctypes.c_int
                         getattr(lib, name).argtypes = [i32]
                     lib.dw_argmax_ok.restype = ctypes.c_int
@@ -394,6 +395,13 @@ def native_int4_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> t
     ):
         raise MemoryError("native int4 could not allocate its quantised rows")
     return y
+
+
+def attention_pv16(lib: ctypes.CDLL) -> bool:
+    """Whether ``lib``'s attention takes p @ V over a bfloat16 cache with vdpbf16ps, its
+    softmax weights rounded to bfloat16 (``csrc/attention.c``, ``att_pv16``: head sizes 64,
+    96 and 128 where the CPU has avx512_bf16)."""
+    return bool(lib.dw_attention_pv16(-1))
 
 
 def native_attention(

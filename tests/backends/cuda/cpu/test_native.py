@@ -58,13 +58,16 @@ def _extra(plan):
 
 
 @pytest.mark.parametrize("committed", [1, 63, 300])
-@pytest.mark.parametrize("head", [64, 80, 128, 72], ids=["d64", "d80", "d128", "d72-scalar"])
+@pytest.mark.parametrize(
+    "head", [64, 80, 96, 128, 72], ids=["d64", "d80", "d96", "d128", "d72-scalar"]
+)
 def test_a_bfloat16_cache_is_attended_as_a_bfloat16_model_would(lib, committed, head):
     """The 4bit mode's cache: with avx512_bf16 the scores multiply the bfloat16 keys by
     the scaled query rounded to bfloat16 (vdpbf16ps, no widening), the values are widened
     exactly. So the output is the float64 attention of the bfloat16 query over the same
     values, to float32 rounding; and the float32 path over those values within the
-    query's rounding."""
+    query's rounding. Where p @ V runs on vdpbf16ps too (head sizes 64, 96, 128), the
+    softmax's weights enter it rounded to bfloat16 (the sum that divides stays exact)."""
     rows = _rows(committed, 9, np.random.default_rng(committed + head))
     g = torch.Generator().manual_seed(head)
     kv = torch.randn(2, HKV, TMAX, head, generator=g).bfloat16()  # (2, H_kv, T_max, D)
@@ -74,37 +77,46 @@ def test_a_bfloat16_cache_is_attended_as_a_bfloat16_model_would(lib, committed, 
     f32 = native.native_attention(lib, q, kv.float(), committed, *tables).view(len(rows), H, head)
     assert torch.allclose(got, f32, rtol=1e-2, atol=1e-2)
     rounded = lib.dw_attention_dpbf16() == 1 and head in (64, 80, 96, 128)
+    pairs = native.attention_pv16(lib) and head in (64, 96, 128)  # p rounded to bfloat16
     for i, r in enumerate(rows):
         keys = [*range(committed), *r]
         for h in range(H):
             qs = q[h, i] * head**-0.5  # as native_attention scales it, in float32
             qs = (qs.bfloat16() if rounded else qs).double()
             k, v = kv[0, h // (H // HKV), keys].double(), kv[1, h // (H // HKV), keys].double()
-            want = torch.softmax(k @ qs, dim=0) @ v
-            assert torch.allclose(got[i, h].double(), want, rtol=1e-4, atol=1e-5), (i, h)
+            e = torch.exp((k @ qs) - (k @ qs).max())  # the softmax's numerators
+            want = ((e.bfloat16().double() if pairs else e) @ v) / e.sum()
+            # with pairs, a weight within float32 rounding of a bfloat16 midpoint may
+            # round the other way: one bfloat16 step of the largest weight, at most
+            flip = 2.0**-8 * float(e.max() / e.sum()) * float(v.abs().max()) if pairs else 0.0
+            assert torch.allclose(got[i, h].double(), want, rtol=1e-4, atol=1e-5 + flip), (i, h)
 
 
 @pytest.mark.parametrize(
     "kv_dtype, head",
-    [(torch.float32, D), (torch.bfloat16, D), (torch.bfloat16, 80), (torch.bfloat16, 128)],
-    ids=["f32", "bf16", "bf16-d80", "bf16-d128"],
+    [(torch.float32, D), (torch.bfloat16, D), (torch.bfloat16, 80), (torch.bfloat16, 96),
+     (torch.bfloat16, 128)],
+    ids=["f32", "bf16", "bf16-d80", "bf16-d96", "bf16-d128"],
 )
 @pytest.mark.parametrize("committed", [200, 203])
+@pytest.mark.parametrize("pv16", [1, 0], ids=["pv16", "pv32"])
 def test_a_row_has_the_same_bits_alone_and_in_any_tree_at_any_thread_count(
-    lib, kv_dtype, head, committed
+    lib, kv_dtype, head, committed, pv16
 ):
     """Row i of a tree verify == the plain one-row step at the same position: committed
     c + depth, its own slot as the one extra key; with 1 and 2 threads, over a float32
-    and a bfloat16 cache (whose rows go through p @ V in groups of up to 3: 24 rows
-    cover every group size); at 203 committed keys a block of 8 scores (``dw_sum8x8`` on
-    the AVX2 path) holds committed and tree keys together."""
+    and a bfloat16 cache (whose rows go through p @ V in groups of up to 3, or 4 with
+    vdpbf16ps: 24 rows cover every group size; both p @ V paths); at 203 committed keys
+    a block of 8 scores (``dw_sum8x8`` on the AVX2 path) holds committed and tree keys
+    together, and an odd key count pairs the last key with a zero."""
     rng = np.random.default_rng(7)
     rows = _rows(committed, 24, rng)
     q, kv = _case(1, committed, rows, head)
     kv = kv.to(kv_dtype)
     # The plain step of row i sees the same logical keys at slots 0..c+depth: lay them out
     # that way in a second cache and query it alone.
-    old = torch.get_num_threads()
+    old, was = torch.get_num_threads(), lib.dw_attention_pv16(-1)
+    lib.dw_attention_pv16(pv16)
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
@@ -120,6 +132,7 @@ def test_a_row_has_the_same_bits_alone_and_in_any_tree_at_any_thread_count(
                 assert torch.equal(alone[0], tree[i]), f"row {i} ({threads} threads)"
     finally:
         torch.set_num_threads(old)
+        lib.dw_attention_pv16(was)
 
 
 def test_padding_rows_copy_row_zero(lib):
