@@ -93,7 +93,21 @@ def main() -> None:
                    help="start from this ReDrafter checkpoint (and its draft vocabulary)")
     p.add_argument("--first-batch", type=int, default=0,
                    help="skip this many batches of the length-sorted prompts (an earlier run's)")
+    p.add_argument("--resblocks", type=int, default=None,
+                   help="ResBlocks of the network (a fresh one: 1; with --init, more than "
+                        "its own adds zero blocks that leave its drafts unchanged until trained)")
+    p.add_argument("--context-dim", type=int, default=256,
+                   help="a fresh network's context attention width (0: none)")
+    p.add_argument("--context-heads", type=int, default=4,
+                   help="a fresh network's context attention heads")
     args = p.parse_args()
+    if args.resblocks is not None and not 1 <= args.resblocks <= 8:
+        raise SystemExit(f"--resblocks must be 1..8, got {args.resblocks}")
+    if args.context_dim < 0 or args.context_heads < 1 or (
+        args.context_dim and args.context_dim % (16 * args.context_heads)
+    ):
+        raise SystemExit(f"--context-dim {args.context_dim} must be 0 or a multiple of 16 x "
+                         f"--context-heads {args.context_heads} (the compiled step's shapes)")
     if args.init is not None and not (args.init / "config.json").is_file():
         raise SystemExit(f"--init {args.init}: no ReDrafter checkpoint there (no config.json)")
     if args.first_batch < 0:
@@ -123,6 +137,16 @@ def main() -> None:
             start = load_redrafter(args.init, embed, tid, fp)
         except DraftwiseError as e:
             raise SystemExit(f"--init: {e}") from None
+        if (args.context_dim, args.context_heads) != (256, 4) and (
+            args.context_dim, args.context_heads
+        ) != (start.cfg.context_dim, start.cfg.context_heads):
+            raise SystemExit(f"--context-dim/--context-heads: --init {args.init} has "
+                             f"{start.cfg.context_dim}/{start.cfg.context_heads}")
+        if args.resblocks is not None:
+            try:
+                start = start.grown(args.resblocks)
+            except DraftwiseError as e:
+                raise SystemExit(f"--resblocks: {e}") from None
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     model = Llama.load(args.model, dtype, dev, max_cache_len=1)
     log(f"{len(prompts)} prompts, {n_batches} batches of {args.batch}; model on {dev}", t0)
@@ -169,8 +193,9 @@ def main() -> None:
     else:
         vocab, cover = choose_vocab(tokens, valid, 4096, int(embed.shape[0]))
         cfg = ReDrafterConfig(
-            int(embed.shape[1]), int(embed.shape[0]), int(vocab.size), 1, tid, fp,
-            args.model.name, context_dim=256, context_heads=4,
+            int(embed.shape[1]), int(embed.shape[0]), int(vocab.size), args.resblocks or 1,
+            tid, fp, args.model.name, context_dim=args.context_dim,
+            context_heads=args.context_heads,
         )
     s = TrainSettings(args.t, 1.0, args.lr, args.train_batch, ckpt_every=10**9,
                       context_rows=args.context_rows, device=args.device)
@@ -243,6 +268,8 @@ def main() -> None:
         "max_prompt": args.max_prompt, "first_batch": args.first_batch, "temp": args.temp,
         "temp_every": args.temp_every, "sampled_rows": int(sampled.sum()),
         "init": None if args.init is None else str(args.init),
+        "resblocks": cfg.resblocks, "context_dim": cfg.context_dim,
+        "context_heads": cfg.context_heads,
         "train_tokens": int(valid.sum()), "heldout_tokens": int(held[2].sum()),
         "coverage": round(cover, 4), "epochs": round(epochs, 3), "steps": len(losses),
         "stopped_at_deadline": stopped,

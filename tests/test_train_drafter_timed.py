@@ -64,6 +64,11 @@ def test_a_run_carries_on_from_a_checkpoint_with_later_batches(default_model_dir
     assert summary["batches"] == 2 and summary["steps"] >= 1  # batches 1 and 2 of 3
     ids = [load_file(str(d / "model.safetensors"))["vocab_ids"] for d in (first, second)]
     assert ids[0].tolist() == ids[1].tolist()
+    grown = tmp_path / "rd-grown"  # one more ResBlock, zero at first (``ReDrafterNet.grown``)
+    subprocess.run([*base, "--out", str(grown), "--init", str(first), "--resblocks", "2"],
+                   check=True, capture_output=True, timeout=600)
+    assert json.loads((grown / "summary.json").read_text())["resblocks"] == 2
+    assert json.loads((grown / "config.json").read_text())["resblocks"] == 2
     other = tmp_path / "other"  # the first checkpoint, as if made for other weights
     other.mkdir()
     for f in first.iterdir():
@@ -76,7 +81,13 @@ def test_a_run_carries_on_from_a_checkpoint_with_later_batches(default_model_dir
                          (["--first-batch", "-1"], "must be >= 0"),
                          (["--temp", "-1"], "--temp must be a finite number >= 0"),
                          (["--temp-every", "0"], "--temp-every must be >= 1"),
-                         (["--started-at", "0"], "not within the last --budget")):
+                         (["--started-at", "0"], "not within the last --budget"),
+                         (["--resblocks", "0"], "--resblocks must be 1..8"),
+                         (["--context-dim", "100"], "must be 0 or a multiple of 16 x"),
+                         (["--init", str(grown), "--resblocks", "1"],
+                          "cannot grow a network of 2 ResBlocks to 1"),
+                         (["--init", str(first), "--context-dim", "128"],
+                          "--init " + str(first) + " has 256/4")):
         got = subprocess.run([*base, "--out", str(tmp_path / "rd3"), *extra],
                              capture_output=True, text=True, timeout=300)
         assert got.returncode != 0 and words in got.stderr.strip().splitlines()[-1]

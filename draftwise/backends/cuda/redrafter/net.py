@@ -31,6 +31,8 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -80,6 +82,36 @@ class ReDrafterNet(nn.Module):
             self.gate = nn.Linear(2 * c + d, 1)  # share of the copy distribution
             with torch.no_grad():
                 self.wo.weight.mul_(0.1)
+
+    def grown(self, resblocks: int) -> ReDrafterNet:
+        """A copy with ``resblocks`` ResBlocks: this network's, then new ones whose weights
+        and biases are zeros. ``x + SiLU(0 x + 0) = x``, so the copy drafts exactly as this
+        one does until trained (a warm start with more capacity: the gradient reaches the
+        zero weights through SiLU'(0) = 1/2).
+
+        Example::
+
+            net2 = net.grown(2)                    # net has 1 ResBlock
+            assert torch.equal(net2.unroll(h, toks), net.unroll(h, toks))
+        """
+        have = self.cfg.resblocks
+        if resblocks < have:
+            raise DraftwiseError(
+                f"cannot grow a network of {have} ResBlocks to {resblocks}: give {have} or more"
+            )
+        cfg = replace(self.cfg, resblocks=resblocks)
+        out = ReDrafterNet(cfg, self.embed, self.vocab_ids).to(
+            device=self.bias.device, dtype=self.bias.dtype
+        )
+        missing, unexpected = out.load_state_dict(self.state_dict(), strict=False)
+        new = {f"res.{i}.{p}" for i in range(have, resblocks) for p in ("weight", "bias")}
+        if set(missing) != new or unexpected:  # (a programming error, not a user's)
+            raise RuntimeError(f"grown: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        with torch.no_grad():
+            for r in out.res[have:]:
+                r.weight.zero_()
+                r.bias.zero_()
+        return out
 
     def zero_state(self, n: int) -> torch.Tensor:
         return torch.zeros(n, self.cfg.hidden, dtype=self.embed.dtype, device=self.embed.device)

@@ -249,3 +249,28 @@ def test_context_network_copies_from_the_prompt(tmp_path):
         train(net, tokens, hidden, valid, tmp_path / name, s, prompt=pr)
         accs[name] = chain_acceptance(net, tokens, hidden, valid, 2, prompt=pr)[0]
     assert accs["prompt"] > 0.65 and accs["prompt"] > accs["alone"] + 0.2, accs
+
+
+def test_grown_network_drafts_the_same_then_trains_its_new_blocks(tmp_path):
+    """``grown`` adds zero ResBlocks: the same outputs (context included), a checkpoint
+    that records the new count, and training moves the new blocks' weights."""
+    net, embed = _ctx_net(8)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    big = net.grown(3)
+    assert (big.cfg.resblocks, len(big.res)) == (3, 3)
+    tokens, hidden, valid = _repeats(2, 12)
+    tk, hd, vd = (torch.from_numpy(a) for a in (tokens.astype(np.int64), hidden, valid))
+    args = _context_batch(net, tk, hd, vd, torch.arange(2), torch.tensor([[3, 7], [1, 10]]), 3)
+    torch.testing.assert_close(context_unroll(big, args[0], args[1], *args[3:7]),
+                               context_unroll(net, args[0], args[1], *args[3:7]), rtol=0, atol=0)
+    save_redrafter(big, tmp_path / "big")
+    back = load_redrafter(tmp_path / "big", embed, "tok-a", weights_fingerprint(embed))
+    assert back.cfg.resblocks == 3
+    tokens, hidden, valid = _repeats(16, 20)
+    s = TrainSettings(t=3, epochs=1, lr=1e-2, batch=32, context_rows=4, ckpt_every=1000)
+    train(big, tokens, hidden, valid, tmp_path / "fit", s)
+    assert big.res[2].weight.abs().sum() > 0  # the new block learnt
+    with pytest.raises(DraftwiseError, match="cannot grow a network of 3 ResBlocks to 2"):
+        big.grown(2)
