@@ -16,8 +16,11 @@ tokens; costs of the session-q bench): the network is overconfident (depth 1: me
 probability 0.61, accepted 0.47; a token it gives 0.4-0.5 is accepted 0.32), but learning
 that online moved the replayed ratio little: greedy, chains of up to 3, floors at 0.4
 tokens/ms: 1.296x plain (raw) against 1.297-1.300x (calibrated); seeded T = 0.8: 1.041x /
-1.067x against a fixed one-token chain's 1.074x. The floors' decisions are not where the
-missing speed is: the network's acceptance is.
+1.067x against a fixed one-token chain's 1.074x. Session u (lines 400-479, the same
+costs): 1.255x raw, 1.264x binned, 1.265x ``auto``'s per-depth ratio
+(``core/solo_calibration.py``, which ``auto`` now uses) at 0.4 tokens/ms, 1.233x /
+1.260x / 1.256x at 0.3; the gain is in the prompts whose chains fail most (the third with
+the least accepted first token: 1.105x raw, 1.128x with the ratio, one token 1.130x).
 
 Example::
 
@@ -32,6 +35,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+from draftwise.core.solo_calibration import SoloCalibration
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared/corpus/prompts.jsonl"
 T = 4  # tokens a recorded chain drafts
@@ -118,20 +123,26 @@ def replay(s: np.ndarray, c: np.ndarray, t: int, mode: str, rate: float, draft_m
     need = np.maximum.accumulate(
         [(c[j + 1] - c[j] + (chain_step * c[0] if j else 0.0)) * rate for j in range(t)])
     tok = ms = 0.0
-    cal, last = OnlineCalibration(w), -1
+    cal: OnlineCalibration | SoloCalibration = OnlineCalibration(w)
+    last = -1
     for row in s:
         p, acc, prompt = row[:T], int(row[T]), int(row[T + 1])
-        if mode == "online" and prompt != last:
-            cal, last = OnlineCalibration(w), prompt
+        if mode in ("online", "ratio") and prompt != last:
+            cal, last = (OnlineCalibration(w) if mode == "online" else SoloCalibration(T)), prompt
         if mode == "fixed":
             k = t
         else:
-            floor = need if mode == "raw" else cal.raw_floor(need)
+            if mode == "raw":
+                floor = need
+            elif isinstance(cal, SoloCalibration):  # ``auto``'s (core/solo_calibration.py)
+                floor = np.array(cal.floors(need.tolist()))
+            else:
+                floor = cal.raw_floor(need)
             k = 0
             while k < t and p[k] >= floor[k]:
                 k += 1
             if mode != "raw":
-                cal.observe(p[:k], acc)
+                cal.observe(p[:k].tolist() if mode == "ratio" else p[:k], acc)
         drafted = t if mode == "fixed" else min(k + 1, t)  # a cut chain drafted one more
         tok += min(acc, k) + 1
         ms += draft_ms + token_ms * (drafted - 1) + c[k]
@@ -167,9 +178,11 @@ def main() -> None:
         print(f"fixed t={t}: {replay(s, c, t, 'fixed', 0, a.draft_ms, a.token_ms):.3f}x")
     for t in (2, 3, 4):
         for rate in (0.3, 0.4):
-            got = [replay(s, c, t, m, rate, a.draft_ms, a.token_ms) for m in ("raw", "online")]
+            got = [replay(s, c, t, m, rate, a.draft_ms, a.token_ms)
+                   for m in ("raw", "online", "ratio")]
             print(f"chains of up to {t}, {rate} tokens/ms: raw floors {got[0]:.3f}x, "
-                  f"calibrated online per prompt {got[1]:.3f}x")
+                  f"calibrated online per prompt {got[1]:.3f}x (binned), {got[2]:.3f}x "
+                  f"(auto's per-depth ratio)")
 
 
 if __name__ == "__main__":

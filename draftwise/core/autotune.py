@@ -56,6 +56,7 @@ from draftwise.core.acceptance_model import (  # noqa: F401  (re-exported: the a
 from draftwise.core.costmodel import CostModel
 from draftwise.core.drafters.base import Background, Drafter
 from draftwise.core.drafters.compose import beams_of, load_members, save_members
+from draftwise.core.solo_calibration import SoloCalibration
 from draftwise.core.solo_sampling import SoloPays
 from draftwise.core.step_rates import StepRates
 from draftwise.core.tree import DraftTree, merge_trees, path_reduce
@@ -267,6 +268,11 @@ class AutoDrafter:
         self.solo_steps = 0
         self._step_start: float | None = None  # perf_counter at the last proposal
         self._emitted: int | None = None  # tokens the last step emitted (``update``)
+        # the solo chains' floors read through how far the member's path probabilities
+        # overstated its acceptance in this text (``core.solo_calibration``), and the
+        # path probabilities of the last greedy solo chain, judged at ``update``
+        self._solo_cal = SoloCalibration(SOLO_T)
+        self._solo_paths: list[float] | None = None
 
     def observe_verify(self, rows: int, context_len: int, ms: float) -> None:
         """A verify's measured time corrects the curve in use (``CostModel.observe``)."""
@@ -296,8 +302,11 @@ class AutoDrafter:
         self._new_text()
 
     def _new_text(self) -> None:
-        """Step timing starts afresh (the time between two generations is no step)."""
+        """Step timing and the solo chains' calibration start afresh (the time between two
+        generations is no step; how overconfident the member is depends on the text)."""
         self._step_start, self._emitted = None, None
+        self._solo_cal.reset()
+        self._solo_paths = None
         if self.rates is not None:
             self.rates.reset()
 
@@ -428,8 +437,9 @@ class AutoDrafter:
         floors = hasattr(m, "min_path") and not self._sampling
         t = min(cap, SOLO_T if floors else 1)
         m.bw, m.t = 1, t  # type: ignore[attr-defined]
-        if floors:
-            m.min_path = self._solo_floor(t, context.size)  # type: ignore[attr-defined]
+        if floors:  # (t,) what each depth must bring, as floors on the member's own
+            need = self._solo_floor(t, context.size).tolist()
+            m.min_path = self._solo_cal.floors(need)  # type: ignore[attr-defined]
         t0 = time.perf_counter()
         try:
             tree = m.propose(context, t)
@@ -442,6 +452,12 @@ class AutoDrafter:
         self.solo_steps += 1
         n = len(tree)
         self.last_budget = n
+        if floors and n and tree.prob is not None:  # its path probabilities (a chain)
+            paths, p = [], 1.0
+            for q in tree.prob.tolist():
+                p *= q
+                paths.append(p)
+            self._solo_paths = paths
         return DraftTree._trusted(tree.tokens, tree.parents, np.full(n, i, np.int16),
                                   tree.depth, tree.prob, tree.max_depth)
 
@@ -574,6 +590,9 @@ class AutoDrafter:
         if self._sampling and self.way == "solo" and self.sampled is not None and self.last_budget:
             # one token drafted: kept when the step emitted it and the bonus token
             self.sampled.judged(1 if n_new >= 2 else 0)
+        paths, self._solo_paths = self._solo_paths, None
+        if paths is not None and self.way == "solo":  # the chain's accepted prefix
+            self._solo_cal.observe(paths, n_new - 1)
         self._emitted = n_new  # the step's tokens, for ``rates`` at the next proposal
         self._context = context  # scored by ``background``, while the next verify runs
 

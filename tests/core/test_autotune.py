@@ -648,3 +648,32 @@ def test_solo_chains_are_one_token_when_sampling(monkeypatch):
         ctx.extend([5, 5])
         auto.update(np.array(ctx), 2)
     assert solo >= 10
+
+
+def test_solo_floors_rise_where_the_chains_are_rejected_and_start_afresh_per_text(monkeypatch):
+    """The solo chains' floors are ``_solo_floor``'s read through ``SoloCalibration``: the
+    member says 0.5 a token (path 0.5, 0.25, 0.125) and none is accepted, so the floors it
+    is given rise above what the curve asks; a new text (``begin``) starts afresh."""
+    import draftwise.core.autotune as at
+
+    clock = [0.0]
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(at.AutoDrafter, "_copying", lambda self, context: False)  # solo
+    chain = _FloorChain()
+    cost = CostModel(rows=[1, 2, 3, 4, 64], ms=[10.0, 11.0, 13.0, 16.0, 400.0])
+    auto = AutoDrafter([Cacheback(), chain], cost, copy_member=0)
+    ctx = [1, 2, 3] * 10
+    auto.propose(np.array(ctx), 8)
+    assert auto.way == "solo"
+    need = auto._solo_floor(3, len(ctx)).tolist()
+    np.testing.assert_allclose(chain.floors[-1], np.maximum.accumulate(need))  # ratio one
+    for _ in range(10):  # each chain rejected at its first token
+        ctx.append(7)
+        auto.update(np.array(ctx), 1)
+        clock[0] += 0.01  # a token a plain step's 10 ms: floors well below 1
+        auto.propose(np.array(ctx), 8)
+    # depth 1: said 1 + 10 x 0.5, got 1 (the prior)
+    assert chain.floors[-1][0] == pytest.approx(auto._solo_floor(3, len(ctx))[0] * 6.0)
+    auto.begin(np.array(ctx))
+    auto.propose(np.array(ctx), 8)
+    np.testing.assert_allclose(chain.floors[-1], np.maximum.accumulate(auto._solo_floor(3, len(ctx)).tolist()))
