@@ -96,18 +96,19 @@ def main() -> None:
     p.add_argument("--resblocks", type=int, default=None,
                    help="ResBlocks of the network (a fresh one: 1; with --init, more than "
                         "its own adds zero blocks that leave its drafts unchanged until trained)")
-    p.add_argument("--context-dim", type=int, default=256,
-                   help="a fresh network's context attention width (0: none)")
-    p.add_argument("--context-heads", type=int, default=4,
-                   help="a fresh network's context attention heads")
+    p.add_argument("--context-dim", type=int, default=None,
+                   help="a fresh network's context attention width (default 256; 0: none)")
+    p.add_argument("--context-heads", type=int, default=None,
+                   help="a fresh network's context attention heads (default 4)")
     args = p.parse_args()
     if args.resblocks is not None and not 1 <= args.resblocks <= 8:
         raise SystemExit(f"--resblocks must be 1..8, got {args.resblocks}")
-    if args.context_dim < 0 or args.context_heads < 1 or (
-        args.context_dim and args.context_dim % (16 * args.context_heads)
-    ):
-        raise SystemExit(f"--context-dim {args.context_dim} must be 0 or a multiple of 16 x "
-                         f"--context-heads {args.context_heads} (the compiled step's shapes)")
+    shape = (args.context_dim, args.context_heads)  # as given (None: not given)
+    dim = 256 if args.context_dim is None else args.context_dim
+    heads = 4 if args.context_heads is None else args.context_heads
+    if dim < 0 or heads < 1 or dim % 16 or dim % heads:
+        raise SystemExit(f"--context-dim {dim} must be 0 or a multiple of 16 (the compiled "
+                         f"step's) and of --context-heads {heads}")
     if args.init is not None and not (args.init / "config.json").is_file():
         raise SystemExit(f"--init {args.init}: no ReDrafter checkpoint there (no config.json)")
     if args.first_batch < 0:
@@ -137,11 +138,10 @@ def main() -> None:
             start = load_redrafter(args.init, embed, tid, fp)
         except DraftwiseError as e:
             raise SystemExit(f"--init: {e}") from None
-        if (args.context_dim, args.context_heads) != (256, 4) and (
-            args.context_dim, args.context_heads
-        ) != (start.cfg.context_dim, start.cfg.context_heads):
+        have = (start.cfg.context_dim, start.cfg.context_heads)
+        if any(g is not None and g != h for g, h in zip(shape, have, strict=True)):
             raise SystemExit(f"--context-dim/--context-heads: --init {args.init} has "
-                             f"{start.cfg.context_dim}/{start.cfg.context_heads}")
+                             f"{have[0]}/{have[1]}")
         if args.resblocks is not None:
             try:
                 start = start.grown(args.resblocks)
@@ -194,8 +194,7 @@ def main() -> None:
         vocab, cover = choose_vocab(tokens, valid, 4096, int(embed.shape[0]))
         cfg = ReDrafterConfig(
             int(embed.shape[1]), int(embed.shape[0]), int(vocab.size), args.resblocks or 1,
-            tid, fp, args.model.name, context_dim=args.context_dim,
-            context_heads=args.context_heads,
+            tid, fp, args.model.name, context_dim=dim, context_heads=heads,
         )
     s = TrainSettings(args.t, 1.0, args.lr, args.train_batch, ckpt_every=10**9,
                       context_rows=args.context_rows, device=args.device)
