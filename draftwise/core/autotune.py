@@ -438,7 +438,7 @@ class AutoDrafter:
         t = min(cap, SOLO_T if floors else 1)
         m.bw, m.t = 1, t  # type: ignore[attr-defined]
         if floors:  # (t,) what each depth must bring, as floors on the member's own
-            need = self._solo_floor(t, context.size).tolist()
+            need = self._solo_need(t, context.size)
             m.min_path = self._solo_cal.floors(need)  # type: ignore[attr-defined]
         t0 = time.perf_counter()
         try:
@@ -473,6 +473,10 @@ class AutoDrafter:
         return float(statistics.median(self._solo_ms)) / c1 if c1 > 0 else 0.0
 
     def _solo_floor(self, t: int, context_len: int) -> np.ndarray:
+        """``_solo_need`` as a (t,) array."""
+        return np.array(self._solo_need(t, context_len))
+
+    def _solo_need(self, t: int, context_len: int) -> list[float]:
         """(t,) the least path probability of a solo chain's token at each depth that
         pays: token j adds its verify row (``cost(j + 1) - cost(j)``) and, past the
         first, its chain step (``CHAIN_STEP`` x a plain step); it pays where the tokens
@@ -490,7 +494,7 @@ class AutoDrafter:
             need = (c[j + 1] - c[j] + (CHAIN_STEP * c[0] if j else 0.0)) * rate
             best = need if need > best else best
             floor.append(best)
-        return np.array(floor)  # (t,)
+        return floor  # (t,) Python floats (``SoloCalibration.floors`` reads them)
 
     def _gated(self, i: int, c1: float) -> bool:
         """Whether member ``i``'s drafting is costly enough to be gated (``GATE_SHARE``
