@@ -221,9 +221,10 @@ class AutoDrafter:
         self.member_skipped = [0] * n  # proposals each member sat out (gated)
         # ``solo``: the first member that states its probabilities and is sized by the
         # planner (the ReDrafter) drafting alone. Greedy, on a steep curve: with a
-        # ``copy_member``, chosen per step against the full way by whether that member
-        # has seen the text's last tokens before (a copied span, where the other members'
-        # long guesses pay), else by measured tokens per ms of whole steps
+        # ``copy_member``, taken where that member has not seen the text's last tokens
+        # before, and where it has (a copied span, where the other members' long guesses
+        # may pay) chosen against the full way by those steps' measured rates
+        # (``_copy_rates`` below); without one, by measured tokens per ms of whole steps
         # (``core.step_rates``). Those rates chose the full way in a third of the steps of
         # held-out corpus prompts where it brought 1.51 tokens a step against solo's
         # 1.91 (noise of ~10 steps' running means picks the slower way; the warm-up and
@@ -259,6 +260,16 @@ class AutoDrafter:
             self._greedy_rates = StepRates(("full", "solo"), EXPLORE_EVERY)
             self.sampled = SoloPays(EXPLORE_EVERY)
         self.rates = self._greedy_rates
+        # the two ways' whole steps timed in copy steps alone (where the copy member has
+        # seen the text's last tokens): there the faster is taken, the other tried every
+        # EXPLORE_EVERY-th such step. The full way always taken there lost to the solo
+        # way on prose and even on copying tasks on the AMD EPYC Zen 5 VM (its 4-row
+        # verify 1.13x one row; full steps 0.46-0.53 tokens per ms against solo's
+        # 0.62-0.88), alternating in one process: corpus prompts 1.201x against 1.173x,
+        # copying prompts 1.621x / 1.605x, Spec-Bench (42 turns) 1.280x / 1.241x
+        self._copy_rates = (StepRates(("full", "solo"), EXPLORE_EVERY)
+                            if self._greedy_rates is not None else None)
+        self._copy_step = False  # whether the last greedy step was a copy step
         # tokens each member has not been shown yet (``update``): while steps draft with
         # the solo member alone or not at all, the others catch up in one ``update``
         # when they next draft (or at ``begin`` or ``save``), from ``_context`` (the last
@@ -309,6 +320,9 @@ class AutoDrafter:
         self._solo_paths = None
         if self.rates is not None:
             self.rates.reset()
+        if self._copy_rates is not None:
+            self._copy_rates.reset()
+        self._copy_step = False
 
     def begin(self, prompt: np.ndarray) -> None:
         self._catch_up(self._context)  # the last text's tokens, before the new one
@@ -335,6 +349,9 @@ class AutoDrafter:
             if (self._step_start is not None and self._emitted is not None
                     and self.way in self.rates.ways):  # (full when not steep: not timed)
                 self.rates.observe(self.way, self._emitted, (now - self._step_start) * 1e3)
+                if self._copy_step and self._copy_rates is not None:
+                    self._copy_rates.observe(self.way, self._emitted, (now - self._step_start) * 1e3)
+            self._copy_step = False
             burst = self.way == "full" and (self._emitted or 0) >= BURST
             self._step_start, self._emitted = now, None
             # a copied span being accepted goes on (not a measured choice)
@@ -342,7 +359,11 @@ class AutoDrafter:
             if not steep:
                 self.way = "full"
             elif self._copy is not None:  # every member where a span may be copied
-                self.way = "full" if self._copying(context) else "solo"
+                self._copy_step = self._copying(context)
+                if not self._copy_step:
+                    self.way = "solo"
+                else:  # where a span may be copied: the way faster in such steps
+                    self.way = self._copy_rates.choose()
             else:
                 self.way = self.rates.choose()
         elif self._sampling and self.sampled is not None:

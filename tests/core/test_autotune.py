@@ -430,12 +430,14 @@ def test_auto_drafts_with_its_precise_member_alone_where_whole_steps_say_so(
         assert late.count(best) >= 0.8 * len(late) and 1 <= late.count(other) <= 0.2 * len(late)
 
 
-@pytest.mark.parametrize("steep", [True, False])
-def test_a_copy_member_picks_the_full_way_where_the_text_repeats(steep, monkeypatch):
-    """With a ``copy_member``, on a steep curve every member drafts where that member has
-    seen the text's last tokens before (a span may be copied) and the precise member
-    alone elsewhere, whatever the measured rates say; the copy member is shown every
-    token first, the others only when they draft. On a flat curve every step is full."""
+@pytest.mark.parametrize("steep,full_faster", [(True, True), (True, False), (False, True)])
+def test_a_copy_member_picks_the_full_way_where_the_text_repeats(steep, full_faster, monkeypatch):
+    """With a ``copy_member``, on a steep curve the precise member drafts alone where that
+    member has not seen the text's last tokens before, whatever the measured rates say;
+    where it has (a span may be copied), the way whose whole steps were faster in such
+    steps (``StepRates`` of those steps alone), the other tried every EXPLORE_EVERY-th
+    step. The copy member is shown every token first, the others only when they draft.
+    On a flat curve every step is full."""
     import draftwise.core.autotune as at
 
     clock = [0.0]
@@ -447,11 +449,12 @@ def test_a_copy_member_picks_the_full_way_where_the_text_repeats(steep, monkeypa
     text = list(range(100, 130))  # no repeats: nothing seen before
     auto.begin(np.array(text))
     ways = []
-    for step in range(40):
+    for step in range(60):
         tok = 100 + step % 12 if step >= 20 else 200 + step  # from step 20: the text again
         auto.propose(np.array(text), 8)
         ways.append(auto.way)
-        clock[0] += 0.001 if auto.way == "full" else 0.005  # full measured 5x faster
+        fast = (auto.way == "full") == full_faster
+        clock[0] += 0.001 if fast else 0.005  # the faster way measured 5x faster
         text.append(tok)
         auto.update(np.array(text), 1)
         assert auto._behind[2] == 0  # the solo member is never behind
@@ -460,9 +463,11 @@ def test_a_copy_member_picks_the_full_way_where_the_text_repeats(steep, monkeypa
     if not steep:
         assert set(ways) == {"full"}
         return
-    assert ways[:20] == ["solo"] * 20  # new tokens only: the measured rates do not count
-    late = ways[24:]  # the first 12 tokens again: their 3-token leaders were seen
-    assert late.count("full") >= 0.8 * len(late)
+    # new tokens only: the solo way, and the rates measured there do not count for copying
+    assert ways[:20] == ["solo"] * 20
+    late = ways[32:]  # the first 12 tokens again: their 3-token leaders were seen
+    best, worse = ("full", "solo") if full_faster else ("solo", "full")
+    assert late.count(best) >= 0.8 * len(late) and late.count(worse) >= 1
     assert copier.seen_before(np.array(text))  # shown every token (caught up each step)
 
 
