@@ -348,9 +348,10 @@ class AutoDrafter:
             now = time.perf_counter()
             if (self._step_start is not None and self._emitted is not None
                     and self.way in self.rates.ways):  # (full when not steep: not timed)
-                self.rates.observe(self.way, self._emitted, (now - self._step_start) * 1e3)
+                ms = (now - self._step_start) * 1e3
+                self.rates.observe(self.way, self._emitted, ms)
                 if self._copy_step and self._copy_rates is not None:
-                    self._copy_rates.observe(self.way, self._emitted, (now - self._step_start) * 1e3)
+                    self._copy_rates.observe(self.way, self._emitted, ms)
             self._copy_step = False
             burst = self.way == "full" and (self._emitted or 0) >= BURST
             self._step_start, self._emitted = now, None
@@ -362,7 +363,8 @@ class AutoDrafter:
                 self._copy_step = self._copying(context)
                 if not self._copy_step:
                     self.way = "solo"
-                else:  # where a span may be copied: the way faster in such steps
+                else:  # a span may be copied: the way faster in such steps
+                    assert self._copy_rates is not None  # (made with the greedy rates)
                     self.way = self._copy_rates.choose()
             else:
                 self.way = self.rates.choose()
