@@ -266,8 +266,11 @@ class AutoDrafter:
         # way on prose and even on copying tasks on the AMD EPYC Zen 5 VM (its 4-row
         # verify 1.13x one row; full steps 0.46-0.53 tokens per ms against solo's
         # 0.62-0.88), alternating in one process: corpus prompts 1.201x against 1.173x,
-        # copying prompts 1.621x / 1.605x, Spec-Bench (42 turns) 1.280x / 1.241x
-        self._copy_rates = (StepRates(("full", "solo"), EXPLORE_EVERY)
+        # copying prompts 1.621x / 1.605x, Spec-Bench (42 turns) 1.280x / 1.241x. These
+        # rates are kept from text to text (``StepRates.new_text``), solo tried first:
+        # measured afresh in each text, each way's first steps there cost what a wrong
+        # way costs (Spec-Bench, same VM: 1.199x / 1.279x against 1.190x / 1.254x)
+        self._copy_rates = (StepRates(("solo", "full"), EXPLORE_EVERY)
                             if self._greedy_rates is not None else None)
         self._copy_step = False  # whether the last greedy step was a copy step
         # tokens each member has not been shown yet (``update``): while steps draft with
@@ -320,8 +323,8 @@ class AutoDrafter:
         self._solo_paths = None
         if self.rates is not None:
             self.rates.reset()
-        if self._copy_rates is not None:
-            self._copy_rates.reset()
+        if self._copy_rates is not None:  # kept: what each way costs on this machine
+            self._copy_rates.new_text()
         self._copy_step = False
 
     def begin(self, prompt: np.ndarray) -> None:

@@ -60,6 +60,12 @@ class StepRates:
         self.warm = dict.fromkeys(self.ways, 0)  # warm-up steps seen, per way
         self._turn = 0
 
+    def new_text(self) -> None:
+        """A new text on the same machine: the rates are kept (what each way costs here
+        carries over), each way's first steps of the text are again not counted."""
+        self.warm = dict.fromkeys(self.ways, 0)
+        self._turn = 0
+
     def speed(self, way: str) -> float | None:
         """Tokens per ms of ``way`` lately; None before it was measured."""
         ms = self.ms[way]

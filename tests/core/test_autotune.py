@@ -471,6 +471,37 @@ def test_a_copy_member_picks_the_full_way_where_the_text_repeats(steep, full_fas
     assert copier.seen_before(np.array(text))  # shown every token (caught up each step)
 
 
+def test_copy_steps_keep_their_measured_rates_from_text_to_text(monkeypatch):
+    """The copy steps' rates describe the machine: a new text (``begin``) keeps them, so
+    where the full way was measured faster its copy steps take it at once, without
+    trying each way again first (each way's first steps of a text cost what the slower
+    way costs)."""
+    import draftwise.core.autotune as at
+
+    clock = [0.0]
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    cost = CostModel(rows=[1, 2, 4, 64], ms=[10.0, 11.0, 16.0, 400.0])
+    auto = AutoDrafter([Cacheback(ll=3, table="dynamic"), Cacheback(), _Chain()], cost,
+                       copy_member=0)
+
+    def text(first: int, steps: int) -> list[str]:
+        ids = list(range(first, first + 30))
+        auto.begin(np.array(ids))
+        ways = []
+        for step in range(steps):  # the prompt again: copy steps from the fourth on
+            auto.propose(np.array(ids), 8)
+            ways.append(auto.way)
+            clock[0] += 0.001 if auto.way == "full" else 0.005  # full 5x faster
+            ids.append(first + step % 30)
+            auto.update(np.array(ids), 1)
+        return ways[3:]  # (the first steps: nothing seen before)
+
+    first = text(100, 40)
+    assert first[0] == "solo" and first.count("full") >= 0.7 * len(first)  # solo tried first
+    second = text(300, 12)
+    assert second[:6] == ["full"] * 6  # measured before: full at once
+
+
 def test_a_copy_member_must_be_able_to_say_so():
     """``copy_member`` indexes a member with ``seen_before``: else a one-line error."""
     cost = CostModel(rows=[1, 64], ms=[10.0, 10.5])

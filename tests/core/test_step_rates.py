@@ -34,6 +34,19 @@ def test_a_ways_first_steps_of_a_text_are_not_counted() -> None:
     assert r.steps["solo"] == 0
 
 
+def test_a_new_text_keeps_the_rates_and_drops_its_first_steps_again() -> None:
+    """``new_text``: the measured rates carry over (the faster way is chosen at once), and
+    each way's first step of the new text is again a warm-up, not counted."""
+    r = StepRates(("solo", "full"), explore_every=8, min_steps=1, warmup=1)
+    for way, tokens in (("solo", 1.0), ("full", 1.0), ("solo", 1.0), ("full", 3.0)):
+        r.observe(way, tokens=tokens, ms=3.0)  # the first of each: warm-up
+    assert r.choose() == "full"
+    r.new_text()
+    assert r.choose() == "full" and r.steps == {"solo": 1, "full": 1}
+    r.observe("full", tokens=1.0, ms=40.0)  # the new text's first full step: dropped
+    assert r.steps["full"] == 1 and r.speed("full") == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize(
     "kwargs", [{"explore_every": 1}, {"min_steps": 0}, {"rate": 0.0}, {"warmup": -1}]
 )
