@@ -57,13 +57,12 @@ class StepRates:
         self.tokens = dict.fromkeys(self.ways, 0.0)  # running sums, weighted
         self.ms = dict.fromkeys(self.ways, 0.0)
         self.steps = dict.fromkeys(self.ways, 0)  # steps measured, per way
-        self.warm = dict.fromkeys(self.ways, 0)  # warm-up steps seen, per way
-        self._turn = 0
+        self.new_text()
 
     def new_text(self) -> None:
         """A new text on the same machine: the rates are kept (what each way costs here
         carries over), each way's first steps of the text are again not counted."""
-        self.warm = dict.fromkeys(self.ways, 0)
+        self.warm = dict.fromkeys(self.ways, 0)  # warm-up steps seen, per way
         self._turn = 0
 
     def speed(self, way: str) -> float | None:
