@@ -299,9 +299,16 @@ class CostModel:
             >>> CostModel(rows=[1, 16], ms=[10.0, 25.0]).costs_to(2, context_len=100)
             [10.0, 11.0]
         """
-        if self._dense_lists is None or len(self._dense_lists[0]) < n:
-            self._dense_lists = self._dense_upto(n).tolist()
-        return [self._blend_at(self._dense_lists, k, context_len) for k in range(n)]
+        dense = self._dense_lists
+        if dense is None or len(dense[0]) < n:
+            dense = self._dense_lists = self._dense_upto(n).tolist()
+        if len(dense) == 1:
+            return dense[0][:n]
+        # ``_blend_at`` of each column with the context's weight found once (the same
+        # floats: a per-step path, asked several times a step)
+        j, w = self._context_weight(context_len)
+        lo, hi, v = dense[j], dense[j + 1], 1 - w
+        return [v * lo[k] + w * hi[k] for k in range(n)]
 
     def _dense_upto(self, n: int) -> np.ndarray:
         """(C, R') the corrected curves at 1..R' rows, R' >= max(n, 128) (made once per
