@@ -74,3 +74,33 @@ def test_token_count_bounded():
     rng = np.random.default_rng(0)
     t.insert_windows(rng.integers(0, 50, 500).tolist(), 0)
     assert len(t) == 4 and t.token_count() <= 4 * (1 + 3 * 2)
+
+
+@pytest.mark.parametrize("ll,fl", [(3, 3), (1, 3), (2, 1)])
+def test_seen_before_counts_the_tokens_noted_unseen_as_if_shown(ll, fl):
+    """A copy member kept behind (``note_unseen`` each step, one ``update`` with every
+    token now and then, as ``auto`` does) answers ``seen_before`` at every step as one
+    shown each token at once, and ends with the same table."""
+    rng = np.random.default_rng(3)
+    shown, lazy = Cacheback(ll=ll, fl=fl, table="dynamic"), Cacheback(ll=ll, fl=fl, table="dynamic")
+    prompt = rng.integers(0, 6, 20)
+    shown.begin(prompt)
+    lazy.begin(prompt)
+    text, behind = list(prompt), 0
+    for step in range(300):
+        new = rng.integers(0, 6, int(rng.integers(1, 5)))  # a step's accepted tokens
+        text += new.tolist()
+        ctx = np.array(text)
+        shown.update(ctx, new.size)
+        behind += new.size
+        if rng.random() < 0.1:  # a step that drafts with it: shown all it missed
+            lazy.update(ctx, behind)
+            behind = 0
+        else:
+            lazy.note_unseen(ctx, new.size)
+        assert lazy.seen_before(ctx) == shown.seen_before(ctx), step
+        probe = np.array(text[:-2] + rng.integers(0, 6, 2).tolist())  # other endings
+        assert lazy.seen_before(probe) == shown.seen_before(probe), step
+    lazy.update(np.array(text), behind)
+    assert list(lazy.table.items()) == list(shown.table.items())
+    assert not lazy._unseen
