@@ -281,7 +281,7 @@ def native_f32_mm(lib: ctypes.CDLL, x: torch.Tensor, packed: torch.Tensor) -> to
     check_tensor("x", x, x.dtype, 2, contiguous=False)
     t, k = x.shape
     tiles, kk, width = packed.shape
-    if width != 16 or kk != k or x.dtype != torch.float32 or x.device.type != "cpu":
+    if width != 16 or kk != k or x.dtype != torch.float32 or not x.is_cpu:
         raise ValueError(
             f"native float32 matmul needs (T, {kk}) float32 on CPU, got {tuple(x.shape)} {x.dtype}"
         )
@@ -313,7 +313,7 @@ def native_argmax(lib: ctypes.CDLL, logits: torch.Tensor) -> np.ndarray:
         array([1])
     """
     check_tensor("logits", logits, logits.dtype, 2)
-    if logits.dtype not in (torch.bfloat16, torch.float32) or logits.device.type != "cpu":
+    if logits.dtype not in (torch.bfloat16, torch.float32) or not logits.is_cpu:
         raise ValueError(
             f"native argmax needs bfloat16 or float32 logits on CPU, got {logits.dtype}"
         )
