@@ -327,10 +327,11 @@ class Decoder:
         out = self.backend.verify(int(context[-1]), tree, need_logits=params.needs_logits)
         if not params.needs_logits:
             return accept_greedy(tree, out.argmax)
-        logits = out.logits
-        assert logits is not None  # the backend contract, not user input
         window = params.repetition_context
         sample = out.sample  # the backend's compiled next_token, where it has one
+        # (read only without it: a backend may make the float32 copy on first read)
+        logits = out.logits if sample is None else None
+        assert sample is not None or logits is not None  # the backend contract, not user input
 
         def emit(row: int, path: list[int]) -> int:
             recent = context[:0]  # repetition_context == 0: no penalty window
@@ -338,6 +339,7 @@ class Decoder:
                 recent = np.concatenate([context[-window:], tree.tokens[path]])[-window:]
             if sample is not None:
                 return sample(row, recent, params, float(u[len(path)]))
+            assert logits is not None
             return next_token(logits[row], recent, params, float(u[len(path)]))
 
         return accept(tree, emit)

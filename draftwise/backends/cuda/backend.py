@@ -498,13 +498,20 @@ class TorchBackend(CacheBook, BatchMixin):
                 if not need_logits and native:
                     # greedy: the compiled argmax reads the logits in place (same answer)
                     return Verified(argmax=native_argmax(self._argmax_lib, logits))
-                lf = logits.float()  # (N+1, V)
-                # sampling: the same argmax read in place too (torch's over the float32
-                # copy was 2.3% of a seeded decode's time: py-spy, AMD EPYC Zen 4, `auto`)
-                am = native_argmax(self._argmax_lib, logits) if native else lf.argmax(-1).numpy()
+                lib = self._argmax_lib
+
+                def argmax() -> np.ndarray:  # (N+1,) the same argmax, read in place
+                    if native:
+                        return native_argmax(lib, logits)
+                    return logits.float().argmax(-1).numpy()
+
                 if not need_logits:
-                    return Verified(argmax=am)
-                return Verified(argmax=am, logits=lf.numpy(), sample=self._row_sampler(logits, lf))
+                    return Verified(argmax=argmax())
+                # sampling: the decoder samples the rows it descends through (``sample``
+                # reads them in place); the float32 copy of every row and their argmax
+                # only if read (``logits`` is this verify's own tensor: nothing overwrites it)
+                return Verified(lazy_argmax=argmax, lazy_logits=lambda: logits.float().numpy(),
+                                sample=self._row_sampler(logits))
             argmax = logits.argmax(dim=-1) if self._argmax is None else self._argmax  # (N+1,)
             self._argmax = None
             if not need_logits:
@@ -516,7 +523,7 @@ class TorchBackend(CacheBook, BatchMixin):
             )
 
     def _row_sampler(
-        self, logits: torch.Tensor, lf: torch.Tensor
+        self, logits: torch.Tensor
     ) -> Callable[[int, np.ndarray, SamplingParams, float], int] | None:
         """``Verified.sample`` on CPU: a row's token from the compiled sampler
         (``csrc/sample.c``, read in place: 0.04 ms a row where numpy took 0.24 on this
@@ -526,8 +533,8 @@ class TorchBackend(CacheBook, BatchMixin):
             return None
 
         def sample(row: int, recent: np.ndarray, params: SamplingParams, u: float) -> int:
-            if not native_sampling_takes(params):
-                return next_token(lf[row].numpy(), recent, params, u)
+            if not native_sampling_takes(params):  # (the row as float32: exact)
+                return next_token(logits[row].float().numpy(), recent, params, u)
             tokens = native_sample(lib, logits[row : row + 1], recent[None, :], np.array([u]), params)
             return int(tokens[0])
 

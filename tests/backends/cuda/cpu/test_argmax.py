@@ -53,8 +53,8 @@ def test_native_argmax_refuses_what_it_cannot_read(lib):
 
 
 def test_the_verify_takes_it_and_agrees_with_the_logits(lib, default_model_dir, monkeypatch):
-    """Greedy and sampling verifies both take the compiled argmax (read in place), and it
-    is the float32 logits' argmax."""
+    """Greedy and sampling verifies both take the compiled argmax (read in place; a
+    sampling verify's on first read), and it is the float32 logits' argmax."""
     from draftwise.backends.cuda import TorchBackend
     from draftwise.backends.cuda import backend as backend_mod
 
@@ -76,5 +76,6 @@ def test_the_verify_takes_it_and_agrees_with_the_logits(lib, default_model_dir, 
     be.reset()
     be.prefill(ctx[:-1])
     full = be.verify(int(ctx[-1]), tree, need_logits=True)
+    assert calls == [(4, 49152)]  # not read yet: not made
+    assert greedy.tolist() == full.argmax.tolist() == full.logits.argmax(-1).tolist()
     assert calls == [(4, 49152)] * 2
-    assert greedy.tolist() == full.logits.argmax(-1).tolist() == full.argmax.tolist()

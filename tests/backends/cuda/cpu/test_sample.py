@@ -105,3 +105,29 @@ def test_the_decoder_samples_through_the_backend_and_gives_numpys_text(lib, tmp_
             texts[(native_on, type(drafter).__name__)] = [t for s in steps for t in s.tokens]
         assert offered and all(offered) == (native_on == "1")
     assert len(set(map(tuple, texts.values()))) == 1, texts
+
+
+def test_a_sampling_verify_copies_its_logits_only_when_read(lib, tmp_path):
+    """With the compiled sampler a sampling verify leaves the float32 copy of its rows
+    and their argmax to the first read (the decoder never reads them); read, they are
+    the rows' float32 logits and the greedy verify's argmax."""
+    from draftwise.backends.cuda import TorchBackend
+    from draftwise.core.tree import DraftTree
+    from tests.backends.cuda.test_torch_backend import V, _save_tiny
+
+    model_dir = _save_tiny(tmp_path / "m", "llama3")[0]
+    be = TorchBackend.from_pretrained(model_dir, dtype="bfloat16", device="cpu", invariant=True)
+    assert be._sample_lib is not None
+    prompt = np.random.default_rng(2).integers(0, V, 12)
+    tree = DraftTree.chain([int(prompt[3]), int(prompt[4])])
+    outs = {}
+    for need in (False, True):
+        be.reset()
+        be.prefill(prompt[:-1])
+        outs[need] = be.verify(int(prompt[-1]), tree, need_logits=need)
+    lazy = outs[True]
+    assert lazy.sample is not None and lazy._logits is None and lazy._argmax is None
+    logits = lazy.logits
+    assert logits is not None and logits.dtype == np.float32 and logits.shape == (3, V)
+    assert np.array_equal(lazy.argmax, outs[False].argmax)
+    assert np.array_equal(logits.argmax(-1), outs[False].argmax)
