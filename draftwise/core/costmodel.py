@@ -55,8 +55,10 @@ NOISE = 0.8  # a stored curve may dip by this factor with more rows (noise), no 
 STEEP = 1.25
 # observations between re-derivations of the corrected curve: each costs ~1 ms of Python
 # (the fit below), a per-step ~90 us at 8 and ~30 at 16 (AMD EPYC Zen 3, warm; more right
-# after a verify), while medians of 15 move slowly anyway
-REFRESH = 16
+# after a verify), while medians of 15 move slowly anyway. 32 since 2026-11-30: on the AMD
+# EPYC Zen 5 VM the fit took 0.19-0.25 ms right after a verify, 0.012 ms a step at 16 (the
+# largest item of `auto`'s own work in a greedy step there)
+REFRESH = 32
 # the machine's speed drifts (another process, a VM's neighbours) while the row counts
 # are timed at different moments: a row count's correction is read against the verifies
 # of any size around it, in blocks of this many consecutive verifies (``_joint``)
