@@ -436,8 +436,8 @@ def test_a_copy_member_picks_the_full_way_where_the_text_repeats(steep, full_fas
     member has not seen the text's last tokens before, whatever the measured rates say;
     where it has (a span may be copied), the way whose whole steps were faster in such
     steps (``StepRates`` of those steps alone), the other tried every EXPLORE_EVERY-th
-    step. The copy member is shown every token first, the others only when they draft.
-    On a flat curve every step is full."""
+    step. The copy member answers for every token (shown, or noted while behind), the
+    others are shown them only when they draft. On a flat curve every step is full."""
     import draftwise.core.autotune as at
 
     clock = [0.0]
@@ -468,7 +468,40 @@ def test_a_copy_member_picks_the_full_way_where_the_text_repeats(steep, full_fas
     late = ways[32:]  # the first 12 tokens again: their 3-token leaders were seen
     best, worse = ("full", "solo") if full_faster else ("solo", "full")
     assert late.count(best) >= 0.8 * len(late) and late.count(worse) >= 1
-    assert copier.seen_before(np.array(text))  # shown every token (caught up each step)
+    assert copier.seen_before(np.array(text))  # every token counted (noted or shown)
+
+
+def test_a_copy_steps_solo_way_verifies_the_copy_span_beside_the_chain(monkeypatch):
+    """Where the solo way is faster in copy steps, such a step verifies the precise
+    member's chain and the copy member's most recent follower of the text's last tokens
+    (its span: COPY_SPAN nodes), each node's source its member; other solo steps the
+    chain alone."""
+    import draftwise.core.autotune as at
+
+    clock = [0.0]
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    cost = CostModel(rows=[1, 2, 4, 64], ms=[10.0, 11.0, 16.0, 400.0])
+    auto = AutoDrafter([Cacheback(ll=3, table="dynamic"), Cacheback(), _Chain()], cost,
+                       copy_member=0)
+    text = list(range(100, 130))
+    auto.begin(np.array(text))
+    spans = 0
+    for step in range(40):
+        tree = auto.propose(np.array(text), 8)
+        clock[0] += 0.001 if auto.way == "solo" else 0.005  # solo 5x faster
+        if auto.way == "solo":
+            got = list(zip(tree.tokens.tolist(), tree.source.tolist()))
+            assert (5, 2) in got  # the chain's token
+            if auto._copy_step:  # what followed the last 3 tokens where they last occurred
+                at_ = [j for j in range(3, len(text) - 2) if text[j - 3 : j] == text[-3:]][-1]
+                assert [t for t, s in got if s == 0] == text[at_ : at_ + at.COPY_SPAN]
+                assert auto._behind[0] == 0  # shown what it missed first
+                spans += 1
+            else:
+                assert got == [(5, 2)]
+        text.append(100 + step % 12 if step >= 10 else 200 + step)  # from step 10: repeats
+        auto.update(np.array(text), 1)
+    assert spans >= 10
 
 
 def test_copy_steps_keep_their_measured_rates_from_text_to_text(monkeypatch):
