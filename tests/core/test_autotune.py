@@ -490,7 +490,7 @@ def test_a_copy_steps_solo_way_verifies_the_copy_span_beside_the_chain(monkeypat
         tree = auto.propose(np.array(text), 8)
         clock[0] += 0.001 if auto.way == "solo" else 0.005  # solo 5x faster
         if auto.way == "solo":
-            got = list(zip(tree.tokens.tolist(), tree.source.tolist()))
+            got = list(zip(tree.tokens.tolist(), tree.source.tolist(), strict=True))
             assert (5, 2) in got  # the chain's token
             if auto._copy_step:  # what followed the last 3 tokens where they last occurred
                 at_ = [j for j in range(3, len(text) - 2) if text[j - 3 : j] == text[-3:]][-1]
