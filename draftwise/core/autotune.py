@@ -150,9 +150,11 @@ CHAIN_STEP = 0.04
 BURST = 3  # a full step that emitted this many tokens is followed by another full step
 # A copy step's solo way verifies the copy member's span beside the chain: its most recent
 # follower of the text's last tokens, at most this many nodes (one follower: FL tokens).
-# In one process on the AMD EPYC Zen 5 VM (26 Spec-Bench prompts, two alternations):
-# 1.343x `none` against 1.315x with the chain alone there (MAT 1.92 against 1.86), where the
-# full way in copy steps brought nothing more (1.343x with copy steps always solo)
+# Alternating in one process on the AMD EPYC Zen 5 VM (26 Spec-Bench first turns): 1.381x
+# and 1.322x `none` against 1.335x and 1.323x with the chain alone in copy steps (two runs;
+# MAT 1.91-1.92 against 1.87), the 20 copying prompts of ``scripts/corpus_copy_prompts.py``
+# 1.747x against 1.723x; a first try, copy steps always taking this way, made as much as
+# with the full way still tried there (1.343x each)
 COPY_SPAN = 3
 
 
