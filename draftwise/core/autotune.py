@@ -191,6 +191,9 @@ class AutoDrafter:
                 f"got {copy_member!r}"
             )
         self._copy = copy_member
+        # a copy member that can note the tokens it is not shown (``Cacheback.note_unseen``)
+        # is kept behind like the others; another is shown every token before each check
+        self._copy_notes = copy_member is not None and hasattr(members[copy_member], "note_unseen")
         self.members = list(members)
         self.greedy_cost = cost
         self.cost = cost  # the curve of the path in use (see plan_for)
@@ -352,8 +355,12 @@ class AutoDrafter:
             return
         for i, k in enumerate(self._behind):
             if k:
-                self._behind[i] = 0
-                self.members[i].update(context, k)
+                self._show(i, context)
+
+    def _show(self, i: int, context: np.ndarray) -> None:
+        """Show member ``i`` the tokens it was not shown, the last of ``context``."""
+        k, self._behind[i] = self._behind[i], 0
+        self.members[i].update(context, k)
 
     def propose(self, context: np.ndarray, budget: int) -> DraftTree:
         cap = min(budget, self.max_budget)
@@ -447,12 +454,10 @@ class AutoDrafter:
         tokens it was not shown yet, which ``update`` noted)."""
         i = self._copy
         assert i is not None
-        m = self.members[i]
-        if self._behind[i] and not hasattr(m, "note_unseen"):
-            k, self._behind[i] = self._behind[i], 0
-            m.update(context, k)
+        if self._behind[i] and not self._copy_notes:
+            self._show(i, context)
         # (else the tokens it was not shown were noted: ``update``)
-        return bool(m.seen_before(context))  # type: ignore[attr-defined]
+        return bool(self.members[i].seen_before(context))  # type: ignore[attr-defined]
 
     def _with_copy_span(self, context: np.ndarray, chain: DraftTree, cap: int) -> DraftTree:
         """A copy step's solo tree: the chain and the copy member's span (its most recent
@@ -461,11 +466,9 @@ class AutoDrafter:
         first; the chain's own tokens are kept for its calibration (``update``)."""
         i = self._copy
         assert i is not None
-        m = self.members[i]
         if self._behind[i]:
-            k, self._behind[i] = self._behind[i], 0
-            m.update(context, k)
-        span = m.propose(context, min(COPY_SPAN, cap))
+            self._show(i, context)
+        span = self.members[i].propose(context, min(COPY_SPAN, cap))
         if not len(span):
             return chain
         self._solo_chain = chain.tokens.tolist()
@@ -648,7 +651,7 @@ class AutoDrafter:
         for i, m in enumerate(self.members):
             if lazy and i != self._solo:
                 self._behind[i] += n_new
-                if i == self._copy and self.rates is not None and hasattr(m, "note_unseen"):
+                if i == self._copy and self._copy_notes and self.rates is not None:
                     # the copy member answers ``seen_before`` for them all the same, at
                     # a few tuples a step where showing them costs ~10x (``_copying``)
                     m.note_unseen(context, n_new)
