@@ -656,8 +656,8 @@ class AutoDrafter:
                     # a few tuples a step where showing them costs ~10x (``_copying``)
                     m.note_unseen(context, n_new)
             else:  # the last k tokens of the context are new to it
-                k, self._behind[i] = self._behind[i] + n_new, 0
-                m.update(context, k)
+                self._behind[i] += n_new
+                self._show(i, context)
         if self._sampling and self.way == "solo" and self.sampled is not None and self.last_budget:
             # one token drafted: kept when the step emitted it and the bonus token
             self.sampled.judged(1 if n_new >= 2 else 0)
