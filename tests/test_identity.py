@@ -54,16 +54,22 @@ def test_identical_specbench(torch_model):
     assert mats["summarization"] > 1.5 or mats["rag"] > 1.5
 
 
-def test_auto_sampling_one_token_or_none_identical_to_plain(torch_model, monkeypatch):
-    """At temperature > 0 on a steep curve auto drafts one token with the ReDrafter or
-    none (``SoloPays``: drafting unless its acceptance cannot pay) while its other
-    members sit out and catch up at the next text: two texts in a row, each seeded output
-    equal to ``none``'s, both ways taken, and nothing left behind once the second text
-    began. The curve is taken as steep at every step: the one the suite measured (and
-    learns live, under the other tests' load) may read flat at some steps, which take
-    the full way (a CI run drew a three-token draft so). Drafting is priced at 0.6 of a
-    plain step, above what the ReDrafter's drafts are accepted (~0.3), so most steps are
-    plain and one in EXPLORE_EVERY drafts."""
+COPY_PROMPT = ("Repeat this sentence three times, word for word: the quick brown fox jumps "
+               "over the lazy dog beside the quiet river at dawn.")
+
+
+def test_auto_sampling_solo_or_plain_identical_to_plain(torch_model, monkeypatch):
+    """At temperature > 0 on a steep curve auto drafts with the ReDrafter alone (up to
+    SAMPLED_T tokens, and beside the copy member's span where the text repeats) or
+    nothing (``SoloPays``: drafting unless its acceptance cannot pay) while its other
+    members sit out and catch up at the next text: three texts in a row, each seeded
+    output equal to ``none``'s, both ways taken, copy steps with their span in the
+    text that repeats itself, and nothing left behind once the next text began. The
+    curve is taken as steep at every step: the one the suite measured (and learns live,
+    under the other tests' load) may read flat at some steps, which take the full way (a
+    CI run drew a three-token draft so). Drafting is priced at 0.6 of a plain step,
+    above what the ReDrafter's drafts are accepted (~0.3), so most steps that copy
+    nothing are plain and one in EXPLORE_EVERY drafts."""
     import draftwise
 
     # the ReDrafter as a member whatever the curve the suite measured says of its price
@@ -72,12 +78,24 @@ def test_auto_sampling_one_token_or_none_identical_to_plain(torch_model, monkeyp
     assert auto.sampled is not None
     monkeypatch.setattr(auto, "_steep", lambda context_len: True)
     monkeypatch.setattr(auto, "_draft_share", lambda context_len: 0.6)
-    for prompt in OWN_PROMPTS[:2]:  # 64 tokens: the prior drafts first, then mostly plain
+    spans = []
+    real_span = auto._with_copy_span
+
+    def with_span(context, chain, cap):
+        tree = real_span(context, chain, cap)
+        spans.append(len(tree) - len(chain))
+        return tree
+
+    monkeypatch.setattr(auto, "_with_copy_span", with_span)
+    for prompt in [*OWN_PROMPTS[:2], COPY_PROMPT]:  # 64 tokens: the prior drafts first
+        spans.clear()
         hot, _ = greedy_ids(torch_model, prompt, "none", temperature=0.8, seed=7, max_tokens=64)
         steps = list(draftwise.stream_generate(
             torch_model, prompt, drafter=auto, max_tokens=64, temperature=0.8, seed=7))
         assert steps[-1].token_ids == hot
-        assert {s.drafted for s in steps} == {0, 1}
+        drafted = {s.drafted for s in steps}
+        assert 0 in drafted and max(drafted) >= 1
+    assert sum(spans) > 0  # the repeated sentence: spans verified beside the chain
     assert sum(auto._behind) > 0  # the last text's tokens, not yet shown
     auto.begin(np.array(hot))
     assert sum(auto._behind) == 0

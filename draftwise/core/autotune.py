@@ -145,6 +145,15 @@ SMALL_TREE = 4
 # vpdpbusd products and threaded context attention, where 0.025 measured the same as 0.04:
 # 393-419 against 391-426 tok/s, 26 Spec-Bench prompts, three alternations)
 SOLO_T = 3
+# When sampling, the solo way drafts up to SAMPLED_T tokens: the first in any case (the
+# way was chosen to draft: ``SoloPays``), the next where its path probability, read
+# through this text's calibration, pays as in greedy chains; and in copy steps (the copy
+# member has seen the text's last tokens) it verifies that member's span beside the
+# chain, whatever ``SoloPays`` said. Alternating in one process, 26 seeded Spec-Bench
+# first turns (T = 0.8, two and three passes, AMD EPYC Zen 5, 2026-11-30): 1.144x and
+# 1.147x `none` against 1.114x and 1.113x with one token and no span (the span alone
+# 1.131x; two tokens alone 1.142x and 1.121x, 1.132x); `redrafter:bw=1,t=1` 1.135x, 1.153x
+SAMPLED_T = 2
 SOLO_STEEP = 1.05
 CHAIN_STEP = 0.04
 BURST = 3  # a full step that emitted this many tokens is followed by another full step
@@ -391,6 +400,11 @@ class AutoDrafter:
         elif self._sampling and self.sampled is not None:
             steep = self._steep(context.size)
             self.way = self.sampled.choose(self._draft_share(context.size)) if steep else "full"
+            # where a span may be copied, the solo way with it (the span is accepted with
+            # the target's probability of it: high where the text is copied)
+            self._copy_step = steep and self._copy is not None and self._copying(context)
+            if self._copy_step:
+                self.way = "solo"
         if self.way == "solo" and cap > 0:
             tree = self._propose_solo(context, cap)
             return self._with_copy_span(context, tree, cap) if self._copy_step else tree
@@ -487,22 +501,27 @@ class AutoDrafter:
 
     def _propose_solo(self, context: np.ndarray, cap: int) -> DraftTree:
         """The ``solo`` way: the precise member alone drafts one beam of up to ``SOLO_T``
-        tokens and keeps those that pay (``_solo_floor``); its sizes for the full way are
-        kept. No merging, planning or scoring."""
+        tokens (``SAMPLED_T`` when sampling, the first kept in any case) and keeps those
+        that pay (``_solo_floor``); its sizes for the full way are kept. No merging,
+        planning or scoring."""
         i = self._solo
         assert i is not None
         m = self.members[i]
         sizes = m.bw, m.t  # type: ignore[attr-defined]
-        # a member that can end its chain early; when sampling, one token: a drafted token
-        # is then accepted with the target's probability of it, which the member's
-        # probability (calibrated on greedy acceptance) overstates (seeded Spec-Bench:
-        # 0.94x none with up to SOLO_T tokens, 0.99x with one, AMD EPYC Zen 5)
-        floors = hasattr(m, "min_path") and not self._sampling
-        t = min(cap, SOLO_T if floors else 1)
+        # a member that can end its chain early; when sampling, up to SAMPLED_T tokens, the
+        # first kept in any case (a drafted token is then accepted with the target's
+        # probability of it, which the member's own overstates: the calibration learns by
+        # how much in each text; with floors calibrated on greedy acceptance alone, chains
+        # of SOLO_T made 0.94x none where one token made 0.99x, AMD EPYC Zen 5, 2026-11-26)
+        floors = hasattr(m, "min_path")
+        t = min(cap, (SAMPLED_T if self._sampling else SOLO_T) if floors else 1)
         m.bw, m.t = 1, t  # type: ignore[attr-defined]
         if floors:  # (t,) what each depth must bring, as floors on the member's own
             need = self._solo_need(t, context.size)
-            m.min_path = self._solo_cal.floors(need)  # type: ignore[attr-defined]
+            fl = self._solo_cal.floors(need)
+            if self._sampling:  # SoloPays chose to draft: the first token in any case
+                fl[0] = 0.0
+            m.min_path = fl  # type: ignore[attr-defined]
         t0 = time.perf_counter()
         try:
             tree = m.propose(context, t)
@@ -651,18 +670,21 @@ class AutoDrafter:
         for i, m in enumerate(self.members):
             if lazy and i != self._solo:
                 self._behind[i] += n_new
-                if i == self._copy and self._copy_notes and self.rates is not None:
+                if i == self._copy and self._copy_notes:
                     # the copy member answers ``seen_before`` for them all the same, at
                     # a few tuples a step where showing them costs ~10x (``_copying``)
                     m.note_unseen(context, n_new)
             else:  # the last k tokens of the context are new to it
                 self._behind[i] += n_new
                 self._show(i, context)
-        if self._sampling and self.way == "solo" and self.sampled is not None and self.last_budget:
-            # one token drafted: kept when the step emitted it and the bonus token
-            self.sampled.judged(1 if n_new >= 2 else 0)
         paths, self._solo_paths = self._solo_paths, None
         chain, self._solo_chain = self._solo_chain, None
+        if self._sampling and self.way == "solo" and self.sampled is not None and self.last_budget:
+            # the chain's first token: kept when the step emitted it and a token after it
+            # (beside a copy span: when the first token emitted is the chain's own)
+            first = n_new >= 2 and (chain is None or (
+                len(chain) > 0 and int(context[context.size - n_new]) == chain[0]))
+            self.sampled.judged(1 if first else 0)
         if paths is not None and self.way == "solo":  # the chain's accepted prefix
             kept = n_new - 1
             if chain is not None:  # a copy span beside it: what the chain alone matched

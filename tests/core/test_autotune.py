@@ -697,26 +697,78 @@ def test_solo_chains_get_floors_from_the_curve_and_the_solo_rate(monkeypatch):
     np.testing.assert_allclose(auto._solo_floor(3, 30), before * 10.0 * rate)
 
 
-def test_solo_chains_are_one_token_when_sampling(monkeypatch):
-    """At temperature > 0 (``plan_for(True)``) the solo way drafts one token, no floor:
-    the member's probabilities are calibrated on greedy acceptance."""
+def test_solo_chains_when_sampling_keep_their_first_token_and_a_second_that_pays(monkeypatch):
+    """At temperature > 0 (``plan_for(True)``) the solo way drafts up to SAMPLED_T tokens:
+    the first with no floor (``SoloPays`` chose to draft), the next with the greedy
+    chains' floor read through this text's calibration; a chain whose second token is
+    never accepted is asked more for it, never for its first."""
     import draftwise.core.autotune as at
 
     clock = [0.0]
     monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
     chain = _FloorChain()
-    auto = AutoDrafter([Cacheback(), chain], CostModel(rows=[1, 2, 4, 64], ms=[10.0, 11.0, 16.0, 400.0]))
+    cost = CostModel(rows=[1, 2, 3, 4, 64], ms=[10.0, 11.0, 13.0, 16.0, 400.0])
+    auto = AutoDrafter([Cacheback(), chain], cost)
     auto.plan_for(True)
     ctx, solo = [1, 2, 3] * 10, 0
     for _ in range(30):
         auto.propose(np.array(ctx), 8)
         if auto.way == "solo":
             solo += 1
-            assert chain.seen[-1] == (1, 1) and chain.floors[-1] is None
+            assert chain.seen[-1] == (1, at.SAMPLED_T) and chain.min_path is None
+            floor = chain.floors[-1]
+            assert floor is not None and floor[0] == 0.0 and floor[1] > 0.0
         clock[0] += 0.002 if auto.way == "solo" else 0.005
-        ctx.extend([5, 5])
+        ctx.extend([5, 7])  # the first token kept, the second not
         auto.update(np.array(ctx), 2)
     assert solo >= 10
+    need = auto._solo_floor(at.SAMPLED_T, len(ctx))
+    # depth 2: said 1 + 0.25 a chain, got the prior's 1 alone
+    assert chain.floors[-1][1] == pytest.approx(min(1.0, need[1] * (1 + 0.25 * solo)), rel=0.05)
+
+
+def test_sampled_copy_steps_verify_the_copy_span_beside_the_chain(monkeypatch):
+    """At temperature > 0 a copy step (the copy member has seen the text's last tokens)
+    drafts the solo way with the copy member's span beside the chain, even where
+    ``SoloPays`` would draft nothing; the drafts' acceptance (``SoloPays``) is judged on
+    the chain's first token alone, not on the span's."""
+    import draftwise.core.autotune as at
+
+    clock = [0.0]
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    cost = CostModel(rows=[1, 2, 4, 64], ms=[10.0, 11.0, 16.0, 400.0])
+    auto = AutoDrafter([Cacheback(ll=3, table="dynamic"), Cacheback(), _Chain()], cost,
+                       copy_member=0)
+    auto.plan_for(True)
+    assert auto.sampled is not None
+    text = list(range(100, 130))
+    auto.begin(np.array(text))
+    spans = 0
+    for step in range(40):
+        tree = auto.propose(np.array(text), 8)
+        got = []
+        if len(tree):
+            got = list(zip(tree.tokens.tolist(), tree.source.tolist(), strict=True))
+        if auto._copy_step:
+            assert auto.way == "solo" and (5, 2) in got
+            at_ = [j for j in range(3, len(text) - 2) if text[j - 3 : j] == text[-3:]][-1]
+            assert [t for t, s in got if s == 0] == text[at_ : at_ + at.COPY_SPAN]
+            spans += 1
+        else:
+            assert all(s == 2 for _, s in got)  # the chain alone, or nothing
+        before = auto.sampled.steps
+        new = [100 + step % 12] if step >= 10 else [200 + step]  # from step 10: repeats
+        if auto._copy_step:  # the span's first token accepted, then a bonus token
+            new = [[t for t, s in got if s == 0][0], 100 + step % 12]
+        text.extend(new)
+        auto.update(np.array(text), len(new))
+        if auto.way == "solo" and len(tree):
+            assert auto.sampled.steps == before + 1
+    assert spans >= 10
+    # every judged draft was rejected (the chain's 5 never came): the span's accepted
+    # tokens did not count for it (the prior 0.3 was worth 4 drafts)
+    a = auto.sampled.acceptance
+    assert a is not None and a < 0.1
 
 
 def test_solo_floors_rise_where_the_chains_are_rejected_and_start_afresh_per_text(monkeypatch):
