@@ -154,6 +154,14 @@ SOLO_T = 3
 # 1.147x `none` against 1.114x and 1.113x with one token and no span (the span alone
 # 1.131x; two tokens alone 1.142x and 1.121x, 1.132x); `redrafter:bw=1,t=1` 1.135x, 1.153x
 SAMPLED_T = 2
+SAMPLED_SPAN = True
+# When sampling, the curve's steepness, the drafting's share of a plain step (``SoloPays``)
+# and what a second chain token must bring are re-read every SAMPLED_REREAD steps, and
+# one verify in SAMPLED_OBSERVE corrects the curve: they move slowly, and each costs a
+# few microseconds of Python right after a verify, when its caches are cold (auto's own
+# work was ~0.06 ms a sampled step where drafting and verifying took ~3 ms, AMD EPYC Zen 5)
+SAMPLED_REREAD = 8
+SAMPLED_OBSERVE = 4
 SOLO_STEEP = 1.05
 CHAIN_STEP = 0.04
 BURST = 3  # a full step that emitted this many tokens is followed by another full step
@@ -308,9 +316,19 @@ class AutoDrafter:
         self._solo_cal = SoloCalibration(SOLO_T)
         self._solo_paths: list[float] | None = None
         self._solo_chain: list[int] | None = None  # a copy step's chain, beside a span
+        # when sampling: ``_sampled_reading``'s last reading and the calls since, and the
+        # verifies seen (``observe_verify`` corrects the curve with one in SAMPLED_OBSERVE)
+        self._reading: tuple[bool, float, list[float]] | None = None
+        self._reading_age = 0
+        self._observed = 0
 
     def observe_verify(self, rows: int, context_len: int, ms: float) -> None:
-        """A verify's measured time corrects the curve in use (``CostModel.observe``)."""
+        """A verify's measured time corrects the curve in use (``CostModel.observe``);
+        when sampling, one verify in ``SAMPLED_OBSERVE``."""
+        if self._sampling:
+            self._observed += 1
+            if self._observed % SAMPLED_OBSERVE:
+                return
         self.cost.observe(rows, context_len, ms)
 
     def plan_for(self, sampling: bool) -> None:
@@ -341,6 +359,7 @@ class AutoDrafter:
         generations is no step; how overconfident the member is depends on the text)."""
         self._step_start, self._emitted = None, None
         self._solo_cal.reset()
+        self._reading, self._reading_age, self._observed = None, 0, 0
         self._solo_paths = None
         self._solo_chain = None
         if self.rates is not None:
@@ -398,11 +417,12 @@ class AutoDrafter:
             else:
                 self.way = self.rates.choose()
         elif self._sampling and self.sampled is not None:
-            steep = self._steep(context.size)
-            self.way = self.sampled.choose(self._draft_share(context.size)) if steep else "full"
+            steep, share, _ = self._sampled_reading(context.size)
+            self.way = self.sampled.choose(share) if steep else "full"
             # where a span may be copied, the solo way with it (the span is accepted with
             # the target's probability of it: high where the text is copied)
-            self._copy_step = steep and self._copy is not None and self._copying(context)
+            self._copy_step = (SAMPLED_SPAN and steep and self._copy is not None
+                               and self._copying(context))
             if self._copy_step:
                 self.way = "solo"
         if self.way == "solo" and cap > 0:
@@ -493,6 +513,16 @@ class AutoDrafter:
         return DraftTree._trusted(merged.tokens, merged.parents, members[merged.source],
                                   merged.depth, merged.prob, merged.max_depth)
 
+    def _sampled_reading(self, context_len: int) -> tuple[bool, float, list[float]]:
+        """When sampling: (``_steep``, ``_draft_share``, ``_solo_need`` for ``SAMPLED_T``
+        tokens), read afresh every ``SAMPLED_REREAD`` calls and at a new text."""
+        if self._reading is None or self._reading_age >= SAMPLED_REREAD:
+            self._reading = (self._steep(context_len), self._draft_share(context_len),
+                             self._solo_need(SAMPLED_T, context_len))
+            self._reading_age = 0
+        self._reading_age += 1
+        return self._reading
+
     def _steep(self, context_len: int) -> bool:
         """Whether verifying 4 rows costs ``SOLO_STEEP`` x one row or more (``solo`` is
         worth trying)."""
@@ -517,7 +547,11 @@ class AutoDrafter:
         t = min(cap, (SAMPLED_T if self._sampling else SOLO_T) if floors else 1)
         m.bw, m.t = 1, t  # type: ignore[attr-defined]
         if floors:  # (t,) what each depth must bring, as floors on the member's own
-            need = self._solo_need(t, context.size)
+            if self._sampling:  # (read every SAMPLED_REREAD steps, for SAMPLED_T tokens)
+                reading = self._reading or self._sampled_reading(context.size)
+                need = reading[2][:t]
+            else:
+                need = self._solo_need(t, context.size)
             fl = self._solo_cal.floors(need)
             if self._sampling:  # SoloPays chose to draft: the first token in any case
                 fl[0] = 0.0

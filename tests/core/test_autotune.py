@@ -798,3 +798,39 @@ def test_solo_floors_rise_where_the_chains_are_rejected_and_start_afresh_per_tex
     auto.begin(np.array(ctx))
     auto.propose(np.array(ctx), 8)
     np.testing.assert_allclose(chain.floors[-1], np.maximum.accumulate(auto._solo_floor(3, len(ctx)).tolist()))
+
+
+def test_when_sampling_the_slow_readings_are_taken_every_few_steps(monkeypatch):
+    """When sampling, the curve's steepness, the drafting's share and the second token's
+    need are read once every SAMPLED_REREAD proposals (and afresh at a new text), and one
+    verify in SAMPLED_OBSERVE corrects the curve; greedy reads and observes every step."""
+    import draftwise.core.autotune as at
+
+    clock = [0.0]
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock[0])
+    cost = CostModel(rows=[1, 2, 4, 64], ms=[10.0, 11.0, 16.0, 400.0])
+    auto = AutoDrafter([Cacheback(), _FloorChain()], cost)
+    reads = []
+    real = auto._steep
+    monkeypatch.setattr(auto, "_steep", lambda n: reads.append(n) or real(n))
+    auto.plan_for(True)
+    ctx = [1, 2, 3] * 10
+    for _ in range(3 * at.SAMPLED_REREAD):
+        auto.propose(np.array(ctx), 8)
+        auto.observe_verify(2, len(ctx), 11.0)
+        clock[0] += 0.002
+        ctx.extend([5, 5])
+        auto.update(np.array(ctx), 2)
+    assert len(reads) == 3 and cost._count == 3 * at.SAMPLED_REREAD // at.SAMPLED_OBSERVE
+    auto.begin(np.array(ctx))  # a new text: read afresh
+    auto.propose(np.array(ctx), 8)
+    assert len(reads) == 4
+    auto.plan_for(False)
+    before, n = cost._count, len(reads)
+    for _ in range(5):
+        auto.propose(np.array(ctx), 8)
+        auto.observe_verify(2, len(ctx), 11.0)
+        clock[0] += 0.002
+        ctx.extend([5, 5])
+        auto.update(np.array(ctx), 2)
+    assert cost._count == before + 5 and len(reads) == n + 5
