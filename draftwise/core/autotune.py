@@ -154,7 +154,7 @@ SOLO_T = 3
 # 1.147x `none` against 1.114x and 1.113x with one token and no span (the span alone
 # 1.131x; two tokens alone 1.142x and 1.121x, 1.132x); `redrafter:bw=1,t=1` 1.135x, 1.153x
 SAMPLED_T = 2
-SAMPLED_SPAN = True
+SAMPLED_SPAN = True  # the copy steps' span when sampling (False: the chain alone, as before)
 # When sampling, the curve's steepness, the drafting's share of a plain step (``SoloPays``)
 # and what a second chain token must bring are re-read every SAMPLED_REREAD steps, and
 # one verify in SAMPLED_OBSERVE corrects the curve: they move slowly, and each costs a
