@@ -549,12 +549,10 @@ class AutoDrafter:
         if floors:  # (t,) what each depth must bring, as floors on the member's own
             if self._sampling:  # (read every SAMPLED_REREAD steps, for SAMPLED_T tokens)
                 reading = self._reading or self._sampled_reading(context.size)
-                need = reading[2][:t]
+                fl = self._solo_cal.floors(reading[2][:t])
+                fl[0] = 0.0  # SoloPays chose to draft: the first token in any case
             else:
-                need = self._solo_need(t, context.size)
-            fl = self._solo_cal.floors(need)
-            if self._sampling:  # SoloPays chose to draft: the first token in any case
-                fl[0] = 0.0
+                fl = self._solo_cal.floors(self._solo_need(t, context.size))
             m.min_path = fl  # type: ignore[attr-defined]
         t0 = time.perf_counter()
         try:
