@@ -89,6 +89,9 @@ def main() -> None:
                    help="sample the continuations at this temperature (0: greedy, the recipe's)")
     p.add_argument("--temp-every", type=int, default=1,
                    help="sample only every N-th batch at --temp, the others greedy (a mix)")
+    p.add_argument("--sample-first", type=int, default=None,
+                   help="a batch sampled at --temp samples only its first N tokens, then "
+                        "continues greedily (greedy text from other starts)")
     p.add_argument("--init", type=Path, default=None,
                    help="start from this ReDrafter checkpoint (and its draft vocabulary)")
     p.add_argument("--first-batch", type=int, default=0,
@@ -115,6 +118,8 @@ def main() -> None:
         raise SystemExit(f"--first-batch must be >= 0, got {args.first_batch}")
     if not (args.temp >= 0.0 and args.temp < float("inf")):
         raise SystemExit(f"--temp must be a finite number >= 0, got {args.temp}")
+    if args.sample_first is not None and args.sample_first < 0:
+        raise SystemExit(f"--sample-first must be >= 0, got {args.sample_first}")
     if args.temp_every < 1:
         raise SystemExit(f"--temp-every must be >= 1, got {args.temp_every}")
     t0 = time.time() if args.started_at is None else args.started_at
@@ -159,7 +164,8 @@ def main() -> None:
         ids = ordered[i * args.batch : (i + 1) * args.batch]
         temp = args.temp if i % args.temp_every == args.temp_every - 1 else 0.0
         tokens, hidden, valid = greedy_continuations(
-            model, ids, args.gen_len, tok.eos_token_id, args.prefill_rows, temp, seed=i
+            model, ids, args.gen_len, tok.eos_token_id, args.prefill_rows, temp, seed=i,
+            sample_first=args.sample_first,
         )
         ptok, phid, pvalid, _ = prompt_states(model, ids, args.max_prompt, args.prefill_rows)
         parts.append((tokens, hidden, valid, ptok, phid, pvalid))
@@ -265,7 +271,8 @@ def main() -> None:
         "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
         "batches": len(held_rows) // args.batch, "gen_len": args.gen_len,
         "max_prompt": args.max_prompt, "first_batch": args.first_batch, "temp": args.temp,
-        "temp_every": args.temp_every, "sampled_rows": int(sampled.sum()),
+        "temp_every": args.temp_every, "sample_first": args.sample_first,
+        "sampled_rows": int(sampled.sum()),
         "init": None if args.init is None else str(args.init),
         "resblocks": cfg.resblocks, "context_dim": cfg.context_dim,
         "context_heads": cfg.context_heads,

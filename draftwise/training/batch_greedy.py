@@ -120,6 +120,7 @@ def greedy_continuations(
     prefill_rows: int = 16,
     temperature: float = 0.0,
     seed: int = 0,
+    sample_first: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Greedy continuation of every prompt for ``gen_len`` tokens: tokens (B, L) int32,
     hidden (B, L, C) float16, valid (B, L) bool (see the module docstring). Prompts are
@@ -130,13 +131,18 @@ def greedy_continuations(
     ``temperature`` > 0 samples each token instead, from ``softmax(logits / T)`` by its
     CDF in id order at a uniform of its own (row ``b``'s from ``default_rng([seed, b])``,
     whatever else is in the batch): contexts like those seeded sampling meets, for a
-    drafter that drafts there."""
+    drafter that drafts there. ``sample_first`` = K samples only the first K tokens so
+    and continues greedily from there: greedy text (what a greedy drafter must guess)
+    from other starts, many distinct greedy paths from one prompt (other seeds)."""
     if not prompts or any(len(x) == 0 for x in prompts):
         raise DraftwiseError("greedy_continuations needs non-empty prompts")
     if gen_len < 1:
         raise DraftwiseError(f"gen_len must be at least 1, got {gen_len}")
     if not (temperature >= 0.0 and np.isfinite(temperature)):
         raise DraftwiseError(f"temperature must be a finite number >= 0, got {temperature}")
+    if sample_first is not None and sample_first < 0:
+        raise DraftwiseError(f"sample_first must be >= 0, got {sample_first}")
+    sampled = gen_len if sample_first is None else min(gen_len, sample_first)  # tokens sampled
     if model.int4:
         raise DraftwiseError("greedy_continuations runs a dense (not 4-bit) model")
     dev = model.device
@@ -161,7 +167,7 @@ def greedy_continuations(
     for j in range(gen_len):
         xn = model.final_hidden(last)  # (B', C)
         logits = model.logits(xn).float()  # (B', V)
-        if u is None:
+        if u is None or j >= sampled:
             nxt = logits.argmax(-1)  # (B',)
         else:  # the first id whose CDF passes the row's uniform
             cdf = torch.softmax(logits / temperature, -1).double().cumsum(-1)  # (B', V)

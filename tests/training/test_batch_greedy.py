@@ -132,3 +132,21 @@ def test_a_negative_or_nan_temperature_is_refused(setup):  # type: ignore[no-unt
     for bad in (-0.5, float("nan")):
         with pytest.raises(DraftwiseError, match="temperature must be a finite number >= 0"):
             greedy_continuations(model, prompts, 4, eos=None, temperature=bad)
+
+
+def test_sample_first_samples_a_start_then_continues_greedily(setup):  # type: ignore[no-untyped-def]
+    """``sample_first`` = K: the first K tokens are those of sampling at the same seed,
+    the rest the greedy continuation of the prompt with them appended."""
+    _, _, prompts, model = setup
+    k, t = 4, 0.8
+    sampled, _, _ = greedy_continuations(model, prompts, N, eos=None, temperature=t, seed=3)
+    mixed, _, valid = greedy_continuations(
+        model, prompts, N, eos=None, temperature=t, seed=3, sample_first=k
+    )
+    assert valid.all() and mixed[:, :k].tolist() == sampled[:, :k].tolist()
+    assert mixed.tolist() != sampled.tolist()  # (0.8 leaves the greedy path in 12 tokens)
+    for r, p in enumerate(prompts):
+        rest, _, _ = greedy_continuations(model, [p + mixed[r, :k].tolist()], N - k, eos=None)
+        assert mixed[r, k:].tolist() == rest[0].tolist()
+    with pytest.raises(DraftwiseError, match="sample_first must be >= 0, got -1"):
+        greedy_continuations(model, prompts, 4, eos=None, temperature=t, sample_first=-1)
