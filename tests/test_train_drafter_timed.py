@@ -32,11 +32,13 @@ def test_a_tiny_timed_run_writes_a_checkpoint_and_its_summary(default_model_dir,
     out = tmp_path / "rd"
     base = _tiny_run(default_model_dir, tmp_path, lambda i: f"Count from {i} to {i + 5}.")
     cmd = [*base, "--out", str(out),
-           "--temp", "0.8", "--temp-every", "2"]  # batch 1 sampled, 0 and 2 greedy
+           "--temp", "0.8", "--temp-every", "2",  # batch 1 sampled, 0 and 2 greedy
+           "--sample-first", "2"]  # (batch 1's first 2 tokens, then greedy)
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["batches"] == 3 and summary["steps"] >= 1 and summary["temp"] == 0.8
     assert summary["temp_every"] == 2 and summary["sampled_rows"] == 4
+    assert summary["sample_first"] == 2
     assert summary["train_tokens"] > 0 and summary["heldout_tokens"] > 0
     assert len(summary["heldout_chain_acceptance"]) == 5
     cfg = json.loads((out / "config.json").read_text())
@@ -81,6 +83,7 @@ def test_a_run_carries_on_from_a_checkpoint_with_later_batches(default_model_dir
                          (["--first-batch", "-1"], "must be >= 0"),
                          (["--temp", "-1"], "--temp must be a finite number >= 0"),
                          (["--temp-every", "0"], "--temp-every must be >= 1"),
+                         (["--sample-first", "-2"], "--sample-first must be >= 0, got -2"),
                          (["--started-at", "0"], "not within the last --budget"),
                          (["--resblocks", "0"], "--resblocks must be 1..8"),
                          (["--context-dim", "100"], "must be 0 or a multiple of 16 (the"),
