@@ -7,7 +7,9 @@ held out, as in the recipe; the held-out chain acceptance of the new network and
 shipped one are measured on the same rows.
 
 Example (session o's network, on an H200; session q carried it on from there, ``--init``
-that network with ``--budget 550 --data-share 0.55 --lr 7e-4``: the one that ships)::
+that network with ``--budget 550 --data-share 0.55 --lr 7e-4``, and session z once more
+over greedy paths from sampled starts, ``--temp 0.8 --sample-first 8``: the one that
+ships; see ``bench/results/drafter-training-h200``)::
 
     python scripts/train_drafter_timed.py --model /tmp/SmolLM2-135M-Instruct \\
         --prompts /tmp/train-prompts.jsonl --out $OUT/rd --device cuda --budget 480

@@ -131,9 +131,9 @@ def greedy_continuations(
     ``temperature`` > 0 samples each token instead, from ``softmax(logits / T)`` by its
     CDF in id order at a uniform of its own (row ``b``'s from ``default_rng([seed, b])``,
     whatever else is in the batch): contexts like those seeded sampling meets, for a
-    drafter that drafts there. ``sample_first`` = K samples only the first K tokens so
-    and continues greedily from there: greedy text (what a greedy drafter must guess)
-    from other starts, many distinct greedy paths from one prompt (other seeds)."""
+    drafter that drafts there. ``sample_first`` = K samples only the first K tokens and
+    continues greedily from there: greedy text (what a greedy drafter must guess) from
+    other starts, a distinct greedy path from one prompt at each seed."""
     if not prompts or any(len(x) == 0 for x in prompts):
         raise DraftwiseError("greedy_continuations needs non-empty prompts")
     if gen_len < 1:
