@@ -122,6 +122,8 @@ def main() -> None:
         raise SystemExit(f"--temp must be a finite number >= 0, got {args.temp}")
     if args.sample_first is not None and args.sample_first < 0:
         raise SystemExit(f"--sample-first must be >= 0, got {args.sample_first}")
+    if args.sample_first is not None and args.temp == 0.0:
+        raise SystemExit(f"--sample-first {args.sample_first} samples at --temp: give a --temp > 0")
     if args.temp_every < 1:
         raise SystemExit(f"--temp-every must be >= 1, got {args.temp_every}")
     t0 = time.time() if args.started_at is None else args.started_at

@@ -84,6 +84,7 @@ def test_a_run_carries_on_from_a_checkpoint_with_later_batches(default_model_dir
                          (["--temp", "-1"], "--temp must be a finite number >= 0"),
                          (["--temp-every", "0"], "--temp-every must be >= 1"),
                          (["--sample-first", "-2"], "--sample-first must be >= 0, got -2"),
+                         (["--sample-first", "8"], "--sample-first 8 samples at --temp: give"),
                          (["--started-at", "0"], "not within the last --budget"),
                          (["--resblocks", "0"], "--resblocks must be 1..8"),
                          (["--context-dim", "100"], "must be 0 or a multiple of 16 (the"),
